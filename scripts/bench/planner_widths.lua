@@ -15,7 +15,11 @@
 -- calibration), SGD and no reserve.  --check plans one small case and fails where a rank's
 -- cache holds two widths.  The CPU of a plan after the first in one process is the JIT's warm
 -- one (256 widths on 5e7d6b9: 0.235, 0.113, 0.090 s): to compare first plans, run --runs 1 in
--- several processes.
+-- several processes.  --fuzz N plans the reviewer's fuzz models (fuzz below: its seeds with 3
+-- to 6 tables on 1 to 4 ranks, the first N from --from) by the greedy and by the exhaustive
+-- search and counts where the greedy finds no plan or a slower one; --seeds LIST prints those
+-- two steps a seed (spec/planner/search_spec.lua reads them):
+--   uvmrec scripts/bench/planner_widths.lua --fuzz 2500 --worst 20
 local planner = require "uvmrec.planner"
 
 local fixture = (arg[0]:match("^(.*)/scripts/bench/[^/]*$") or ".") .. "/spec/fixtures/calib_h200_figures.json"
@@ -126,7 +130,7 @@ for i, c in ipairs(cases) do names[i], by_name[c[1]] = c[1], c end
 local cmd = require("uvmrec.cli").command {
   name = "scripts/bench/planner_widths.lua",
   summary = "the planner's step, proposals, CPU and each rank's cached widths on the cases of one width a cache",
-  mutex = { { "--case", "--check" }, { "--list", "--check" } },
+  mutex = { { "--case", "--check", "--fuzz", "--seeds" }, { "--list", "--check", "--fuzz", "--seeds" } },
   { "--case LIST", "comma-separated cases (--list describes them)", type = "list", choices = names },
   { "--list", "lists the cases" },
   { "--runs N", "plans each case N times, fresh tables each time, and reports the least CPU", type = "whole",
@@ -135,6 +139,12 @@ local cmd = require("uvmrec.cli").command {
     .. "are few, as in colwise4 and colwise3)", choices = { "greedy", "exhaustive", "auto" } },
   { "--pin", "plans once more with every table fixed to the plan's choice and rank: the step by hand" },
   { "--check", "plans 200 tables of four dims on 1 rank and fails unless each rank's cache holds one row width" },
+  { "--fuzz N", "the greedy against the exhaustive search on the reviewer's fuzz models: the first N seeds from "
+    .. "--from with at most 6 tables and 4 ranks; counts and the worst seeds", type = "whole", min = 1 },
+  { "--from SEED", "--fuzz's first seed", type = "whole", default = 1 },
+  { "--seeds LIST", "the greedy against the exhaustive search on these fuzz seeds (any size), a line each",
+    type = "numbers" },
+  { "--worst K", "--fuzz lists the K slowest greedy plans against the exhaustive's", type = "whole", default = 10 },
 }
 local o = cmd:parse(arg)
 
@@ -143,7 +153,9 @@ if o.list then
   os.exit(0)
 end
 if o.check then o.case = { "four1" } end
-if not o.case then cmd:misuse("give --case NAME (--list names them) or --check") end
+if not o.case and not o.fuzz and not o.seeds then
+  cmd:misuse("give --case NAME (--list names them), --check, --fuzz N or --seeds LIST")
+end
 
 local calibrations = {}
 local function calibration(which)
@@ -190,6 +202,81 @@ local function pinned(p, tables)
                dtype = tables[i].dtype, fixed = f }
   end
   return out
+end
+
+-- --fuzz and --seeds: each seed's model (fuzz) planned by the greedy and by the exhaustive search,
+-- with slow reads in place (seed20521's settings): {g, e} (each a step in seconds, or false: no
+-- plan), or nil and why (the exhaustive gave up, or a search raised an error).
+local function versus(seed)
+  local steps = {}
+  for k, how in ipairs({ "greedy", "exhaustive" }) do
+    local tables, profiles, world, budget = fuzz(seed)
+    local ok, p, err = pcall(planner.plan, tables, profiles, budget,
+      { world = world, batch = 4096, calibration = calibration("slow"), search = how, reserve = 0 })
+    if not ok then return nil, ("%s raised: %s"):format(how, tostring(p)) end
+    if not p and tostring(err):match("gave up") then return nil, "the exhaustive gave up" end
+    steps[k] = p and p.data.step_seconds or false
+  end
+  return steps
+end
+
+local function versus_line(seed, steps, why)
+  local tables, _, world, budget = fuzz(seed)
+  local head = ("seed %d: %d tables, %d ranks, %s:"):format(seed, #tables, world, budget)
+  if not steps then return ("%s %s"):format(head, why) end
+  local g, e = steps[1], steps[2]
+  return ("%s greedy %s, exhaustive %s%s"):format(head, g and ms(g) or "no plan", e and ms(e) or "no plan",
+    g and e and (", ratio %.3f"):format(g / e) or "")
+end
+
+if o.seeds then
+  for _, seed in ipairs(o.seeds) do print(versus_line(seed, versus(seed))) end
+  os.exit(0)
+end
+
+-- The review's fuzz: the first N seeds whose models have 3 to 6 tables on 1 to 4 ranks (the
+-- exhaustive search is quick there), counted by how the greedy's plan compares.
+if o.fuzz then
+  local n, seed = 0, o.from
+  local both, missed, slower, gave_up, errors, fine = 0, {}, 0, {}, {}, 0
+  local worst = {}
+  local c0 = os.clock()
+  while n < o.fuzz do
+    local tables, _, world = fuzz(seed)
+    if #tables <= 6 and world <= 4 then
+      n = n + 1
+      local steps, why = versus(seed)
+      if not steps then
+        local list = why:match("gave up") and gave_up or errors
+        list[#list + 1] = seed
+      elseif not steps[1] and not steps[2] then
+        both = both + 1
+      elseif not steps[1] then
+        missed[#missed + 1] = seed
+      elseif steps[2] then
+        local r = steps[1] / steps[2]
+        if r > 1.05 then slower = slower + 1 end
+        if r > 1 + 1e-9 then worst[#worst + 1] = { seed = seed, r = r } end
+        if r <= 1 + 1e-9 then fine = fine + 1 end
+      end
+    end
+    seed = seed + 1
+  end
+  local cpu = os.clock() - c0
+  table.sort(worst, function(a, b) if a.r ~= b.r then return a.r > b.r end return a.seed < b.seed end)
+  local function seeds_of(list) return #list > 0 and (" (seeds %s)"):format(table.concat(list, ", ")) or "" end
+  print(("fuzz: seeds %d to %d, the %d with at most 6 tables and 4 ranks; greedy against exhaustive, slow reads in "
+    .. "place, batch 4096, no reserve"):format(o.from, seed - 1, n))
+  print(("  both no plan: %d"):format(both))
+  print(("  greedy no plan where the exhaustive plans: %d%s"):format(#missed, seeds_of(missed)))
+  print(("  greedy over 5%% slower: %d; slower at all: %d; as fast: %d"):format(slower, #worst, fine))
+  print(("  worst: %s"):format(worst[1] and ("%.3f (seed %d)"):format(worst[1].r, worst[1].seed) or "none"))
+  print(("  exhaustive gave up: %d%s; errors: %d%s"):format(#gave_up, seeds_of(gave_up), #errors, seeds_of(errors)))
+  print(("  CPU %.1f s"):format(cpu))
+  for k = 1, math.min(o.worst, #worst) do
+    print("  " .. versus_line(worst[k].seed, versus(worst[k].seed)))
+  end
+  os.exit(0)
 end
 
 local failed -- what --check fails for
