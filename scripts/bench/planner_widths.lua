@@ -15,14 +15,18 @@
 -- calibration), SGD and no reserve.  --check plans one small case and fails where a rank's
 -- cache holds two widths.  The CPU of a plan after the first in one process is the JIT's warm
 -- one (256 widths on 5e7d6b9: 0.235, 0.113, 0.090 s): to compare first plans, run --runs 1 in
--- several processes.  --fuzz N plans the reviewer's fuzz models (fuzz below: its seeds with 3
--- to 6 tables on 1 to 4 ranks, the first N from --from) by the greedy and by the exhaustive
--- search and counts where the greedy finds no plan or a slower one; --seeds LIST prints those
--- two steps a seed (spec/planner/search_spec.lua reads them):
+-- several processes.  --fuzz N plans the reviewer's fuzz models (spec/support/planner_fuzz.lua,
+-- which search_spec's check of the greedy reads too: its seeds with 3 to 6 tables on 1 to 4
+-- ranks, the first N from --from) by the greedy and by the exhaustive search and counts where
+-- the greedy finds no plan or a slower one; --seeds LIST prints both steps for each seed:
 --   uvmrec scripts/bench/planner_widths.lua --fuzz 2500 --worst 20
 local planner = require "uvmrec.planner"
 
-local fixture = (arg[0]:match("^(.*)/scripts/bench/[^/]*$") or ".") .. "/spec/fixtures/calib_h200_figures.json"
+local root = arg[0]:match("^(.*)/scripts/bench/[^/]*$") or "."
+local fixture = root .. "/spec/fixtures/calib_h200_figures.json"
+-- the fuzz models and the column-wise cases (one home with search_spec's)
+package.path = root .. "/spec/support/?.lua;" .. package.path
+local fuzz = require "planner_fuzz"
 
 -- search_spec's tables_of(n, seed), each table's dim (and dtype) by its index where dimf is given
 local function tables_of(n, seed, dimf, dtypef)
@@ -41,40 +45,6 @@ end
 
 local function cycling(i) return 16 * ((i - 1) % 8 + 1) end            -- 16, 32, ..., 128
 local function tenth(i) return i % 10 == 0 and 32 or 128 end
-
--- The reviewer's fuzz model (seed 20521 of its generator): 1 to 8 ranks, 3 to 9 tables, some fixed.
-local function fuzz(seed)
-  math.randomseed(seed)
-  local DIMS, Ws = { 8, 16, 32, 64, 128 }, { 1, 2, 3, 4, 8 }
-  local n = math.random(3, 9)
-  local W = Ws[math.random(#Ws)]
-  local tables, profiles = {}, {}
-  for i = 1, n do
-    local rows = math.random(1, 40) * 50000
-    tables[i] = { name = "T" .. i, rows = rows, dim = DIMS[math.random(#DIMS)], optimizer = "sgd",
-                  dtype = math.random() < 0.3 and "f16" or "f32" }
-    profiles["T" .. i] = planner.profile.zipf { rows = rows, s = 0.9 + 0.3 * math.random() }
-    local r = math.random()
-    if r < 0.04 then tables[i].fixed = { placement = "cached" }
-    elseif r < 0.07 and W > 1 then tables[i].fixed = { placement = "cached", rank = math.random(0, W - 1) }
-    elseif r < 0.14 and W > 1 then tables[i].fixed = { sharding = "column_wise" }
-    elseif r < 0.16 and W > 1 then tables[i].fixed = { sharding = "row_wise", placement = "cached" }
-    elseif r < 0.19 and W > 1 then tables[i].fixed = { sharding = "column_wise", placement = "cached" } end
-  end
-  return tables, profiles, W, math.random(20, 400) .. "MiB"
-end
-
--- Hand-written models: { dim, rows (default 1e6), fixed }, SGD, Zipf 1.05.
-local function model(spec)
-  local tables, profiles = {}, {}
-  for i, s in ipairs(spec) do
-    tables[i] = { name = "T" .. i, rows = s[2] or 1000000, dim = s[1], optimizer = "sgd", dtype = "f32", fixed = s[3] }
-    profiles["T" .. i] = planner.profile.zipf { rows = tables[i].rows, s = 1.05 }
-  end
-  return tables, profiles
-end
-local COL = { placement = "cached", sharding = "column_wise" }
-local TAB = { placement = "cached", sharding = "table_wise" }
 
 local GiB = 2 ^ 30
 local function synthetic(n, world, budget, dimf, dtypef)
@@ -107,21 +77,20 @@ local cases = {
   { "seed20521", "the reviewer's seed 20521: 4 tables (dims 32, 64, 64, 64; T1 fixed cached), 2 ranks, 45 MiB "
     .. "(slow reads in place)",
     function()
-      local tables, profiles, W, budget = fuzz(20521)
+      local tables, profiles, W, budget = fuzz.fuzz(20521)
       return tables, profiles, W, budget, "slow"
     end },
   { "colwise4", "4 ranks, 400 MiB: a dim-8 column-wise table fixed cached (shards on ranks 0, 1), dim-16 and "
     .. "dim-32 tables of 4 M rows fixed cached (slow reads in place)",
     function()
-      local tables, profiles = model { { 8, 100000, COL }, { 16, 4000000, TAB }, { 32, 4000000, TAB } }
-      return tables, profiles, 4, "400MiB", "slow"
+      local tables, profiles, W, budget = fuzz.colwise4()
+      return tables, profiles, W, budget, "slow"
     end },
   { "colwise3", "3 ranks, 400 MiB: that column-wise table, a dim-16 table of 4 M rows fixed cached, a dim-64 "
     .. "device table of 1.5 M rows pinned to rank 2 (slow reads in place)",
     function()
-      local tables, profiles = model { { 8, 100000, COL }, { 16, 4000000, TAB },
-                                       { 64, 1500000, { placement = "device", rank = 2 } } }
-      return tables, profiles, 3, "400MiB", "slow"
+      local tables, profiles, W, budget = fuzz.colwise3()
+      return tables, profiles, W, budget, "slow"
     end },
 }
 local names, by_name = {}, {}
@@ -160,9 +129,7 @@ end
 local calibrations = {}
 local function calibration(which)
   if not calibrations[which] then
-    calibrations[which] = which == "slow" and planner.calib.synthetic {
-      managed_gather = 1e8, zero_copy_gather = 1e8, managed_update = 1e8, zero_copy_update = 1e8,
-      alltoall = 1e11, allreduce = 1e11, reduce_scatter = 1e11 } or assert(planner.calib.load(fixture))
+    calibrations[which] = which == "slow" and fuzz.calibration() or assert(planner.calib.load(fixture))
   end
   return calibrations[which]
 end
@@ -204,24 +171,9 @@ local function pinned(p, tables)
   return out
 end
 
--- --fuzz and --seeds: each seed's model (fuzz) planned by the greedy and by the exhaustive search,
--- with slow reads in place (seed20521's settings): {g, e} (each a step in seconds, or false: no
--- plan), or nil and why (the exhaustive gave up, or a search raised an error).
-local function versus(seed)
-  local steps = {}
-  for k, how in ipairs({ "greedy", "exhaustive" }) do
-    local tables, profiles, world, budget = fuzz(seed)
-    local ok, p, err = pcall(planner.plan, tables, profiles, budget,
-      { world = world, batch = 4096, calibration = calibration("slow"), search = how, reserve = 0 })
-    if not ok then return nil, ("%s raised: %s"):format(how, tostring(p)) end
-    if not p and tostring(err):match("gave up") then return nil, "the exhaustive gave up" end
-    steps[k] = p and p.data.step_seconds or false
-  end
-  return steps
-end
-
+-- A seed's line: its model, and the greedy's and exhaustive's steps (planner_fuzz.seed) or why none.
 local function versus_line(seed, steps, why)
-  local tables, _, world, budget = fuzz(seed)
+  local tables, _, world, budget = fuzz.fuzz(seed)
   local head = ("seed %d: %d tables, %d ranks, %s:"):format(seed, #tables, world, budget)
   if not steps then return ("%s %s"):format(head, why) end
   local g, e = steps[1], steps[2]
@@ -230,7 +182,7 @@ local function versus_line(seed, steps, why)
 end
 
 if o.seeds then
-  for _, seed in ipairs(o.seeds) do print(versus_line(seed, versus(seed))) end
+  for _, seed in ipairs(o.seeds) do print(versus_line(seed, fuzz.seed(seed))) end
   os.exit(0)
 end
 
@@ -242,10 +194,9 @@ if o.fuzz then
   local worst = {}
   local c0 = os.clock()
   while n < o.fuzz do
-    local tables, _, world = fuzz(seed)
-    if #tables <= 6 and world <= 4 then
+    if fuzz.small(seed) then
       n = n + 1
-      local steps, why = versus(seed)
+      local steps, why = fuzz.seed(seed)
       if not steps then
         local list = why:match("gave up") and gave_up or errors
         list[#list + 1] = seed
@@ -256,7 +207,7 @@ if o.fuzz then
       elseif steps[2] then
         local r = steps[1] / steps[2]
         if r > 1.05 then slower = slower + 1 end
-        if r > 1 + 1e-9 then worst[#worst + 1] = { seed = seed, r = r } end
+        if r > 1 + 1e-9 then worst[#worst + 1] = { seed = seed, r = r, steps = steps } end
         if r <= 1 + 1e-9 then fine = fine + 1 end
       end
     end
@@ -274,7 +225,7 @@ if o.fuzz then
   print(("  exhaustive gave up: %d%s; errors: %d%s"):format(#gave_up, seeds_of(gave_up), #errors, seeds_of(errors)))
   print(("  CPU %.1f s"):format(cpu))
   for k = 1, math.min(o.worst, #worst) do
-    print("  " .. versus_line(worst[k].seed, versus(worst[k].seed)))
+    print("  " .. versus_line(worst[k].seed, worst[k].steps))
   end
   os.exit(0)
 end
