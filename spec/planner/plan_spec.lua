@@ -442,8 +442,10 @@ describe("planner plans", function()
   -- A search that finds no plan where every table's smallest choice fits the HBM, host memory
   -- not given: one width a cache is what failed, and the message says so (it was of host memory).
   -- On 3 ranks T1's shards (dim 4) hold ranks 0 and 1, T3 (device) fills rank 2: in 380 MiB T2
-  -- (dim 16, cached) has no rank, and the exhaustive search proves it; in 400 MiB it fits on rank
-  -- 2 (the exhaustive's plan), which the greedy's partitioner missed on 2026-12-07.
+  -- (dim 16, cached) has no rank, and the exhaustive search proves it, as the greedy finds none; in
+  -- 400 MiB it fits on rank 2 (the exhaustive's plan), which the greedy's partitioner missed on
+  -- 2026-12-07 (T2 took rank 0 before T1's shards were walked) and finds since their ranks take
+  -- their width before the walk.
   it("says a search found no plan that keeps one row width a cache, naming the tables, widths and ranks, "
      .. "not host memory", function()
     local tabs, profs = fixed_model({ { dim = 8, rows = 100000, fixed = COLUMN },
@@ -463,23 +465,38 @@ describe("planner plans", function()
     p = assert(planner.plan(tabs, profs, "400MiB", o))
     cache_widths(p)
     assert.equal(2, p.data.tables[2].ranks[1])
+    local exhaustive = p.data.step_seconds
     o.search = "greedy"
-    p, err = planner.plan(tabs, profs, "400MiB", o)
-    if p then
-      cache_widths(p) -- a partitioner that finds the arrangement
-    else
-      assert.matches("^planner: the greedy search found no plan that keeps one row width a cache", err)
-      assert.matches("the greedy's partitioner can miss an arrangement: pin tables to ranks (a fixed rank), or search "
-        .. "= \"exhaustive\" (every arrangement, for small models), or cache fewer widths", err, 1, true)
-      assert.is_nil(err:find("host memory", 1, true))
-    end
+    p = assert(planner.plan(tabs, profs, "400MiB", o))
+    cache_widths(p)
+    assert.equal(2, p.data.tables[2].ranks[1])
+    assert.near(exhaustive, p.data.step_seconds, 1e-12 * exhaustive)
+    p, err = planner.plan(tabs, profs, "380MiB", o)
+    assert.is_nil(p)
+    assert.matches("^planner: the greedy search found no plan that keeps one row width a cache", err)
+    assert.matches("; with every table at its smallest choice, T2 (dim 16, f32) finds no room on the ranks whose cache "
+      .. "takes its width; ", err, 1, true)
+    assert.matches("the greedy's partitioner can miss an arrangement: pin tables to ranks (a fixed rank), or search "
+      .. "= \"exhaustive\" (every arrangement, for small models), or cache fewer widths", err, 1, true)
+    assert.is_nil(err:find("host memory", 1, true))
+    -- those choices by hand: no room on the ranks whose cache takes T2's width, not "no rank has room"
+    tabs, profs = fixed_model({ { dim = 8, rows = 100000, fixed = COLUMN },
+                                { dim = 16, rows = 4000000, fixed = TABLE },
+                                { dim = 64, rows = 1500000, fixed = { placement = "device", rank = 2 } } })
+    p, err = planner.evaluate(tabs, profs, "400MiB", o, { {}, { load_factor = 0.2 }, {} })
+    assert.is_nil(p)
+    assert.matches("^plan: these choices do not fit 400%.0 MiB per rank: no rank whose cache takes table T2's row "
+      .. "width %(dim 16, f32%) has room for it: the roomiest of them, rank 2, has [%d.]+ MiB left beside T3, ", err)
   end)
 
   -- plan:with re-predicts the choices with ranks from the partitioner: where it finds no ranks
   -- that keep one width a cache, the message is the partitioner's, not the choices' (it said
   -- "these choices cache tables T2 and T1 on rank 0", where no choice put either there, and the
   -- choices pinned by hand plan).  The reviewer's seed 20521 (2 ranks, 45 MiB): T1 fixed cached
-  -- at dim 32, T2 and T3 cached at dim 64 fit one rank, T1 the other.
+  -- at dim 32, T2 and T3 cached at dim 64 fit one rank, T1 the other; the partitioner gave both
+  -- ranks to dim 64 (its quota) until a width kept an empty rank for each width without one, and
+  -- finds that arrangement since.  With caches too large for T2 and T3 to share a rank, dim 64
+  -- takes both ranks and none is left for T1: that message.
   it("says the partitioner found no arrangement of an edit's cached widths where the choices pin no table "
      .. "there", function()
     local tabs, profs = {}, {}
@@ -491,15 +508,19 @@ describe("planner plans", function()
     local o = { calibration = wcal, world = 2, batch = 4096, reserve = 0 }
     local choices = { { placement = "cached", load_factor = 0.02 }, { placement = "cached", load_factor = 0.1 },
                       { placement = "cached", load_factor = 0.1 }, { placement = "device" } }
-    local p, err = planner.evaluate(tabs, profs, "45MiB", o, choices)
-    if p then
-      cache_widths(p) -- a partitioner that finds the arrangement
-    else
-      assert.equal("plan: the partitioner found no arrangement of these choices' cached tables on the 2 ranks that "
-        .. "keeps one row width a rank's cache (the engine's cache refuses two): dim 32, f32 (T1) and dim 64, f32 (T2 "
-        .. "and T3); T1 (dim 32, f32) found rank 0's cache holding T2's rows (dim 64, f32); pin tables to ranks by "
-        .. "hand (rank in the choice, or a table's fixed rank)", err)
-    end
+    local p = assert(planner.evaluate(tabs, profs, "45MiB", o, choices))
+    cache_widths(p)
+    local r = tonumber(p.data.tables[1].ranks[1])
+    assert.same({ 1 - r, 1 - r }, { tonumber(p.data.tables[2].ranks[1]), tonumber(p.data.tables[3].ranks[1]) })
+    local large = { choices[1], { placement = "cached", load_factor = 0.15 },
+                    { placement = "cached", load_factor = 0.15 }, { placement = "host" } }
+    local err
+    p, err = planner.evaluate(tabs, profs, "45MiB", o, large)
+    assert.is_nil(p)
+    assert.equal("plan: the partitioner found no arrangement of these choices' cached tables on the 2 ranks that "
+      .. "keeps one row width a rank's cache (the engine's cache refuses two): dim 32, f32 (T1) and dim 64, f32 (T2 "
+      .. "and T3); T1 (dim 32, f32) found rank 1's cache holding T2's rows (dim 64, f32); pin tables to ranks by "
+      .. "hand (rank in the choice, or a table's fixed rank)", err)
     -- pinned by hand: T1 alone on rank 0, T2 and T3 on rank 1
     choices[1].rank, choices[2].rank, choices[3].rank, choices[4].rank = 0, 1, 1, 0
     p = assert(planner.evaluate(tabs, profs, "45MiB", o, choices))

@@ -1066,6 +1066,11 @@ local function no_room(S, choice, err)
     return ("rank %d (where a run puts table %s's column shard: shard s of the plan's table t on rank "
       .. "(t + s) mod %d) %s"):format(r, it.name, S.world, left)
   end
+  if err.takes then
+    -- (search.partition: the other ranks' caches hold other widths)
+    return ("no rank whose cache takes table %s's row width (%s) has room for it: the roomiest of them, rank %d, "
+      .. "%s"):format(it.name, o.width, r, left)
+  end
   return ("no rank has room for table %s: the roomiest, rank %d, %s"):format(it.name, r, left)
 end
 

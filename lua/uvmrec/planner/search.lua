@@ -11,7 +11,7 @@
 --   partition(...)             rank assignment: fixed shards (row_wise, data_parallel) on every
 --                              rank, pinned tables on their ranks, the others longest first onto
 --                              the least loaded rank that has room (then, if that fails, largest
---                              first)
+--                              first); column_wise shards on their fixed ranks (column_ranks)
 --   greedy(items, env, opts)   from every table's fastest option, downgrade along the lower
 --                              convex hulls by least time added per byte freed until the ranks
 --                              fit; each proposal after that goes one downgrade further and
@@ -92,13 +92,16 @@ local function spread(o) return o.sharding == "row_wise" or o.sharding == "data_
 -- least loaded rank with room that already caches its width, and to an empty one only while
 -- its width holds fewer ranks than its share of the model's work (quota: the tables that may
 -- cache at that width, by their fastest choice's time, of all tables', over the ranks, at
--- least 1), or where no rank of its width has room.  Placing on the least loaded rank alone
--- gave every rank's cache the first width placed (wip/planner-one-width: 8 ranks, the other
--- widths uncached); the quota is the choice's own nowhere, so a walk stopped at a shard stops
--- there again whatever the tables after it choose (fails_again).
+-- least 1) and, holding a rank already, leaves an empty rank for each width the choice caches
+-- that holds none yet (spare), or where no rank of its width has room.  The ranks of pinned and
+-- cached column_wise tables take their widths before the walk.  Placing on the least loaded
+-- rank alone gave every rank's cache the first width placed (wip/planner-one-width: 8 ranks,
+-- the other widths uncached); the quota is the choice's own nowhere, and the widths kept ranks
+-- for are a set that few moves change, which fails_again tests.
 local function cache_widths(items)
   local ids, names, weight, total = {}, {}, {}, 0
-  for _, it in ipairs(items) do
+  local column_cached = {} -- the items with a cached column_wise choice
+  for i, it in ipairs(items) do
     local CW, seen = {}, {}
     for v, o in ipairs(it.options) do
       local w = 0
@@ -116,11 +119,14 @@ local function cache_widths(items)
         end
       end
       CW[v] = w
+      if w ~= 0 and not it.SP[v] and it.SK[v] > 1 and column_cached[#column_cached] ~= i then
+        column_cached[#column_cached + 1] = i
+      end
     end
     it.CW = CW
     if #it.T > 0 then total = total + it.T[#it.T] end
   end
-  items.widths, items.width_names = #names > 1, names
+  items.widths, items.width_names, items.column_cached = #names > 1, names, column_cached
   -- by world size, made when first asked for
   items.quota = setmetatable({}, { __index = function(quota, W)
     local q = {}
@@ -167,6 +173,30 @@ local function cache_add(cw, cn, cf, nr, ranks, i, w, r, at)
     if r > 0 then nr[w] = nr[w] + 1 end
   end
   cn[r] = cn[r] + 1
+end
+
+-- Per width, the tables `choice` caches at it on chosen ranks (table_wise and column_wise ones;
+-- the row-wise shards' cache is another).
+local function cached_tables(items, choice)
+  local nt = {}
+  for w = 1, #items.width_names do nt[w] = 0 end
+  for i, it in ipairs(items) do
+    local c = choice[i]
+    if it.CW[c] ~= 0 and not it.SP[c] then nt[it.CW[c]] = nt[it.CW[c]] + 1 end
+  end
+  return nt
+end
+
+-- Whether width w, holding a rank, may take one more empty rank: as many stay empty after it as
+-- there are widths that tables (nt: cached_tables) cache and no rank holds yet.  The quotas are
+-- rounded up, so they can add up to more than the ranks: a width walked early took empty ranks
+-- up to its quota and a later one found none (seed 20521: three dim-64 tables took both ranks,
+-- and the greedy planned 8.73 ms where 1.84 ms was there).
+local function spare(cn, nr, nt, W, w)
+  local empty, without = 0, 0
+  for r = 1, W do if cn[r] == 0 then empty = empty + 1 end end
+  for v = 1, #nt do if v ~= w and nt[v] > 0 and nr[v] == 0 then without = without + 1 end end
+  return empty > without
 end
 
 -- Flat arrays per item, for the inner loops: per option, total HBM, time and host bytes (H, T,
@@ -273,9 +303,10 @@ function M.partition(items, choice, env, by_hbm)
   local all = {}
   for r = 1, W do all[r] = r end
   -- one width a cache (cache_widths): each rank's (index 0: the row-wise shards'), its shards
-  -- there and the first of them (cw, cn, cf), the ranks each width holds (nr)
+  -- there and the first of them (cw, cn, cf), the ranks each width holds (nr), the tables each
+  -- width caches on chosen ranks (nt: cached_tables)
   local widths = items.widths and not env.any_width
-  local cw, cn, cf, nr, quota
+  local cw, cn, cf, nr, quota, nt
   if widths then
     cw, cn, cf, nr, quota = {}, {}, {}, {}, items.quota[W]
     for r = 0, W do cw[r], cn[r] = 0, 0 end
@@ -318,6 +349,25 @@ function M.partition(items, choice, env, by_hbm)
     load[r], hbm[r] = load[r] + it.ST[c], hbm[r] + it.SH[c]
     ranks[i] = ONE[r]
   end
+  -- a cached column_wise table's ranks are fixed (column_ranks): their caches take its width
+  -- before the walk, as the pinned tables' do, and no shard of another width walked before it
+  -- takes them (colwise4: a dim-32 table took rank 0 of a dim-8 table's two shards, no plan)
+  -- (its ranks are recorded first: a clash found here names the table, which the repair's
+  -- width_moves may take off its cache; 87f8955's pass did not, and found no plan for seed 111)
+  if widths then
+    for _, i in ipairs(items.column_cached) do
+      local it, c = items[i], choice[i]
+      local w = it.CW[c]
+      if w ~= 0 and not it.SP[c] and it.SK[c] > 1 then
+        local rs = column_ranks(i, it.SK[c], W)
+        ranks[i] = rs
+        for _, r in ipairs(rs) do
+          local e = cache_add(cw, cn, cf, nr, ranks, i, w, r, 0)
+          if e then return nil, e end
+        end
+      end
+    end
+  end
   local order = by_hbm and items.order_hbm or items.order_time
   local oi, ov = order[1], order[2]
   for o = 1, #oi do
@@ -338,9 +388,14 @@ function M.partition(items, choice, env, by_hbm)
           end
         else
           -- a cached shard: of the ranks of its width, and of the empty ones while the width is
-          -- under its quota; failing both, of any empty one
+          -- under its quota and, holding a rank already, leaves enough of them for the widths
+          -- still without one (spare); failing both, of any empty one
           for pass = 1, 2 do
-            local claim = pass == 2 or nr[w] < quota[w]
+            local claim = pass == 2 or nr[w] == 0
+            if not claim and nr[w] < quota[w] then
+              nt = nt or cached_tables(items, choice)
+              claim = spare(cn, nr, nt, W, w)
+            end
             for r = 1, W do
               local l = load[r]
               if hbm[r] + sh <= avail[r] and (cn[r] == 0 and claim or cn[r] > 0 and cw[r] == w)
@@ -351,6 +406,22 @@ function M.partition(items, choice, env, by_hbm)
             if best > 0 or claim then break end
           end
           if best == 0 then
+            -- no room where its width may go: where some rank's cache takes it, room is what the
+            -- shard lacks (takes: on the roomiest of those ranks), and the repair frees HBM, as for
+            -- any shard.  Reported as a cache of another width in the way, it had the repair take
+            -- the table or that width's tables off their cache (planner_fuzz's seed 2084, 2 ranks
+            -- in 26 MiB: three dim-32 tables went managed where smaller caches fit, 12.876 ms
+            -- against the exhaustive's 11.135)
+            local room = 0
+            for r = 1, W do
+              if (cn[r] == 0 or cw[r] == w) and (room == 0 or avail[r] - hbm[r] > avail[room] - hbm[room]) then
+                room = r
+              end
+            end
+            if room > 0 then
+              return nil, { item = i, need = sh, at = o, rank = room, left = avail[room] - hbm[room], ranks = ranks,
+                            takes = true }
+            end
             -- the ranks with room cache other widths: the least loaded of them, and what it caches
             for r = 1, W do
               if hbm[r] + sh <= avail[r] and (best == 0 or load[r] < least) then best, least = r, load[r] end
@@ -374,12 +445,7 @@ function M.partition(items, choice, env, by_hbm)
             return nil, { item = i, need = sh, at = o, rank = r, left = avail[r] - hbm[r], ranks = ranks }
           end
         end
-        if w ~= 0 then
-          for _, r in ipairs(rs) do
-            local e = cache_add(cw, cn, cf, nr, ranks, i, w, r, o)
-            if e then return nil, e end
-          end
-        end
+        -- (its caches took its width before the walk)
         for _, r in ipairs(rs) do load[r], hbm[r] = load[r] + st, hbm[r] + sh end
         ranks[i] = rs
       end
@@ -478,15 +544,18 @@ end
 -- swaps: feasible, then faster.
 local function best_partition(items, choice, env)
   local a, ea = M.partition(items, choice, env, false)
+  local b, eb
   if env.world == 1 then
     if ea then ea.at_hbm = -1 end -- one order: the other bounds nothing
-    return a, ea
+  else
+    if a then improve(items, choice, env, a) end
+    b, eb = M.partition(items, choice, env, true)
+    if b then improve(items, choice, env, b) end
+    if a and b then return max_load(a) <= max_load(b) and a or b end
+    if not a and not b then ea.at_hbm = eb.at end
   end
-  if a then improve(items, choice, env, a) end
-  local b, eb = M.partition(items, choice, env, true)
-  if b then improve(items, choice, env, b) end
-  if a and b then return max_load(a) <= max_load(b) and a or b end
-  if not a and not b then ea.at_hbm = eb.at end
+  -- (fails_again: where the widths are kept apart, the walks kept empty ranks for these)
+  if not a and not b and items.widths and not env.any_width then ea.width_tables = cached_tables(items, choice) end
   return a or b, ea or eb
 end
 M.best_partition = best_partition
@@ -498,10 +567,25 @@ M.best_partition = best_partition
 -- found no room is locked (the change proposed): each was followed by a whole partition, two
 -- walks of O(choices + tables x ranks), up to 8 x tables moves a proposal (1000 tables on 8
 -- ranks: 3,582 of 3,782 failed partitions).
+-- Where the caches' widths are kept apart (err.width_tables, the choice's cached_tables), the walks
+-- also depend on every cached column_wise table (its ranks take its width before the walk) and on
+-- which widths the choice caches (the empty ranks kept for them: spare); a move that keeps both
+-- is counted into err.width_tables, for the next move's test.
 local function fails_again(it, c, v, err)
   if it.rank or it.SP[c] or it.SP[v] then return false end
   local at, ah = err.at, err.at_hbm
-  return it.PT[c] > at and it.PT[v] > at and it.PH[c] > ah and it.PH[v] > ah
+  if not (it.PT[c] > at and it.PT[v] > at and it.PH[c] > ah and it.PH[v] > ah) then return false end
+  local nt = err.width_tables
+  if nt then
+    local a, b = it.CW[c], it.CW[v]
+    if a ~= 0 and it.SK[c] > 1 or b ~= 0 and it.SK[v] > 1 then return false end
+    if a ~= b then
+      if a ~= 0 and nt[a] == 1 or b ~= 0 and nt[b] == 0 then return false end
+      if a ~= 0 then nt[a] = nt[a] - 1 end
+      if b ~= 0 then nt[b] = nt[b] + 1 end
+    end
+  end
+  return true
 end
 M.fails_again = fails_again
 
@@ -747,6 +831,7 @@ local function repair(items, choice, env, locked, total_avail, finish)
   for i, it in ipairs(items) do
     agg, host = agg + it.H[choice[i]], host + it.X[choice[i]]
   end
+  local widths = items.widths and not env.any_width
   local mv, mr = {}, {} -- each item's best move by ratio, kept while its choice stays
   local uncached = {} -- the tables taken off a cache of a width their rank could not hold
   local function refresh(i)
@@ -793,6 +878,11 @@ local function repair(items, choice, env, locked, total_avail, finish)
     local need = max(agg - total_avail, err and err.need or 0)
     local only = err and err.item -- a shard found no room: move that table first
     if only and (locked[only] or not mv[only]) then only = nil end
+    -- a cached table whose next downgrade would take it off its cache (its smallest cache does
+    -- not fit the ranks of its width) is not moved first: the room may come from others there
+    -- (seed 3353: T4 went managed where T1, pinned beside it at the same width, had a smaller
+    -- cache to give, 2.604 ms against 1.626)
+    if only and widths and items[only].CW[choice[only]] ~= 0 and items[only].CW[mv[only]] == 0 then only = nil end
     local bi, bv
     if err and err.width then
       local moves = width_moves(err)
