@@ -209,9 +209,15 @@ describe("uvmrec.serve", function()
     odd:offsets():set(1, 2)
     _, err = m:predict(dense, odd)
     assert.equal("model: key 'C1' sample 0: offsets 0..2 disagree with length 3 or pass the 52 values", err)
+    -- a key misnamed beside that bad bag: the name is checked first (on the host; the bags' check
+    -- waits for the device where the KJT is there), and named
+    local named = { unpack(keys) }
+    named[5] = "nope"
+    _, err = m:predict(dense, kjt(named))
+    assert.equal(("model: the request has no feature '%s' (its key 5 is 'nope')"):format(keys[5]), err)
     l[1], l[2] = 1, 1
     assert.is_not_nil(m:predict(dense, kjt(rk))) -- each failed alone
-    assert.same({ 7, 6 }, { m:info().calls, m:info().failed })
+    assert.same({ 8, 7 }, { m:info().calls, m:info().failed })
     m:close()
   end)
 

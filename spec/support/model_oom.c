@@ -107,8 +107,13 @@ static void drop(request *r) {
 }
 
 static void ask(ur_model *m, const char *what, const request *r) {
+  char before[512];
+  snprintf(before, sizeof before, "%s", ur_last_error());
   ur_status st = ur_model_predict(m, r->dense, r->kjt, r->scores);
-  printf("%s: %d %s\n", what, (int)st, st ? ur_last_error() : "ok");
+  /* a call that succeeds leaves no message of a failure it recovered from (a message an earlier
+   * call left may stay) */
+  int left = !st && *ur_last_error() && strcmp(before, ur_last_error());
+  printf("%s: %d %s%s\n", what, (int)st, st ? ur_last_error() : "ok", left ? " (a message left)" : "");
 }
 
 /* One call (open, or a fresh model's predict) with its k-th allocation failing (k = 0: none):

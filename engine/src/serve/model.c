@@ -832,23 +832,25 @@ static ur_status ids_cap(const ur_model *m, ctx *c, int64_t cap, int64_t batch) 
  * request's own: a context is never refused what a fresh one would be given.  cap and nvals
  * only grow with every buffer they size: a growth that failed for memory left each buffer at
  * least as large as they say, so a later request that fits them (an empty one too) runs, and
- * one that does not tries again. */
+ * one that does not tries again.  A retry that succeeds clears the message of the growth that
+ * failed (ur__error_clear). */
 static ur_status ensure(const ur_model *m, ctx *c, int64_t batch, int64_t nvals, int need_ids) {
   ur_status st = UR_STATUS_OK;
   if (batch > c->cap) {
     int64_t cap = batch > 2 * c->cap ? batch : 2 * c->cap;
     st = samples_cap(m, c, cap, batch);
-    if (st == UR_STATUS_OOM && cap > batch) st = samples_cap(m, c, batch, batch);
+    if (st == UR_STATUS_OOM && cap > batch && !(st = samples_cap(m, c, batch, batch))) ur__error_clear();
   }
   if (!st && need_ids && (!c->offsets || ur_tensor_numel(c->offsets) < batch * m->F + 1)) {
     st = new_buffer(m, &c->offsets, UR_DTYPE_I64, c->cap * m->F + 1, BUF_OFFSETS, batch);
-    if (st == UR_STATUS_OOM && c->cap > batch)
-      st = new_buffer(m, &c->offsets, UR_DTYPE_I64, batch * m->F + 1, BUF_OFFSETS, batch);
+    if (st == UR_STATUS_OOM && c->cap > batch &&
+        !(st = new_buffer(m, &c->offsets, UR_DTYPE_I64, batch * m->F + 1, BUF_OFFSETS, batch)))
+      ur__error_clear();
   }
   if (!st && need_ids && (nvals > c->nvals || !c->values || !c->weights)) {
     int64_t cap = nvals > 2 * c->nvals ? nvals : 2 * c->nvals;
     st = ids_cap(m, c, cap, batch);
-    if (st == UR_STATUS_OOM && cap > nvals) st = ids_cap(m, c, nvals, batch);
+    if (st == UR_STATUS_OOM && cap > nvals && !(st = ids_cap(m, c, nvals, batch))) ur__error_clear();
   }
   return st;
 }
@@ -959,18 +961,20 @@ static ur_status check_request(const ur_model *m, const ur_tensor *dense, const 
                          "model: %s is in device memory (GPU %d), but the model is served by the CPU; "
                          "expected host, pinned or managed memory", names[k], (int)ur_tensor_device(ts[k]));
   }
-  /* a KJT not known checked (made unchecked, or an op's result of one) is checked here, once:
-   * each key's span, which the weights' check and the reordering read through, and its bags,
-   * which the collection reads through its offsets (a GPU's kernels trust them) */
-  ur_status st = ur__kjt_need_checked(sparse, "model");
-  if (st) return st;
+  /* the keys first (names only, on the host): a request wrong by name is named so, without the
+   * bags' check, which waits for the device where the KJT is there */
   int32_t missing;
-  st = ur__kjt_key_order(sparse, (const char *const *)m->features, m->F, order, &missing);
+  ur_status st = ur__kjt_key_order(sparse, (const char *const *)m->features, m->F, order, &missing);
   if (st) return st;
   if (missing >= 0)
     return ur__error(UR_STATUS_INVALID,
                      "model: the request has no feature '%s' (its key %d is '%s')",
                      m->features[missing], (int)missing + 1, ur_kjt_key(sparse, missing));
+  /* a KJT not known checked (made unchecked, or an op's result of one) is checked here, once:
+   * each key's span, which the weights' check and the reordering read through, and its bags,
+   * which the collection reads through its offsets (a GPU's kernels trust them) */
+  st = ur__kjt_need_checked(sparse, "model");
+  if (st) return st;
   *reorder = 0;
   for (int32_t k = 0; k < nk; k++)
     if (order[k] != k) *reorder = 1;
