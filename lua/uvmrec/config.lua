@@ -5,6 +5,7 @@
 -- values read from JSON (check_value: a config a file holds).
 local ffi = require "ffi"
 local lib = require "uvmrec.lib"
+local json = require "uvmrec.json"
 local C, check = lib.C, lib.check
 
 local M = {}
@@ -237,20 +238,27 @@ function M.check_value(v, s, path)
   return want and fail(("%s is not %s"):format(shown(v), want)) or nil
 end
 
--- Fills defaults of absent keys, recursively through maps.
-local function defaults(s, v)
-  if s.kind ~= "map" then return v end
+-- Fills defaults of absent keys, recursively through maps.  fresh (a config read from a file's
+-- JSON, M.fill_defaults): each default a copy of the schema's, and an absent dict an empty one.
+local function defaults(s, v, fresh)
+  if s.kind ~= "map" or (v ~= nil and type(v) ~= "table") then return v end
   v = v or {}
   for key, fs in pairs(s.fields) do
     if v[key] == nil then
-      if fs.default ~= nil then v[key] = fs.default
-      elseif fs.kind == "map" then v[key] = defaults(fs, nil) end
-    elseif fs.kind == "map" then
-      defaults(fs, v[key])
+      if fs.default ~= nil then v[key] = fresh and json.decode(json.encode(fs.default)) or fs.default
+      elseif fs.kind == "map" then v[key] = defaults(fs, nil, fresh)
+      elseif fresh and fs.kind == "dict" then v[key] = {} end
+    else
+      defaults(fs, v[key], fresh)
     end
   end
   return v
 end
+
+-- Config v (decoded from JSON: a config a file holds) with the keys schema s has and v lacks
+-- (added since it was written) filled with copies of their defaults, as a config loaded now would
+-- have them.
+function M.fill_defaults(v, s) return defaults(s, v, true) end
 
 -- Where each value of a loaded config came from ("file:line:column", or "--set k=v"), by
 -- dotted path, per config table: checks that span several values report a position too.

@@ -432,21 +432,8 @@ function M.parse(text, name, sets)
 end
 
 -- A checkpoint's config with the keys it lacks (added to the schema since it was written)
--- filled with their defaults, as a config loaded now would have them.
-local function fill_defaults(s, v)
-  if s.kind ~= "map" or type(v) ~= "table" then return v end
-  for key, fs in pairs(s.fields) do
-    if v[key] == nil then
-      if fs.default ~= nil then v[key] = json.decode(json.encode(fs.default))
-      elseif fs.kind == "map" then v[key] = fill_defaults(fs, {})
-      elseif fs.kind == "dict" then v[key] = {} end
-    else
-      fill_defaults(fs, v[key])
-    end
-  end
-  return v
-end
-M.fill_defaults = function(cfg) return fill_defaults(M.schema, cfg) end
+-- filled with their defaults, as a config loaded now would have them (config.fill_defaults).
+function M.fill_defaults(cfg) return config.fill_defaults(cfg, M.schema) end
 
 -- The training run's config a file holds in its metadata (uvmrec.config, JSON: a checkpoint's,
 -- or a model file's, which export copies), its values' types checked against the schema
