@@ -374,13 +374,19 @@ static void src_close(src *s) {
   s->fd = -1;
 }
 
+/* read(2), again where a signal interrupted it. */
+static ssize_t read_some(int fd, void *buf, size_t n) {
+  ssize_t k;
+  do k = read(fd, buf, n);
+  while (k < 0 && errno == EINTR);
+  return k;
+}
+
 /* Reads more of the file behind the bytes not yet inflated; at its end sets in_eof. */
 static void src_fill(src *s) {
   if (s->z.avail_in) memmove(s->in, s->z.next_in, s->z.avail_in);
   s->z.next_in = s->in;
-  ssize_t k;
-  do k = read(s->fd, s->in + s->z.avail_in, s->in_cap - s->z.avail_in);
-  while (k < 0 && errno == EINTR);
+  ssize_t k = read_some(s->fd, s->in + s->z.avail_in, s->in_cap - s->z.avail_in);
   if (k < 0) {
     snprintf(s->why, sizeof s->why, "%s", strerror(errno));
     s->end = SRC_FAILED;
@@ -426,9 +432,7 @@ static size_t src_read(src *s, char *out, size_t want) {
       s->z.avail_in -= (uInt)k;
       return k;
     }
-    ssize_t k;
-    do k = read(s->fd, out, want);
-    while (k < 0 && errno == EINTR);
+    ssize_t k = read_some(s->fd, out, want);
     if (k > 0) return (size_t)k;
     if (k < 0) snprintf(s->why, sizeof s->why, "%s", strerror(errno));
     s->end = k < 0 ? SRC_FAILED : SRC_END;
