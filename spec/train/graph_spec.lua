@@ -72,6 +72,34 @@ describe("uvmrec.train.graph", function()
     g:free()
   end)
 
+  cuda_it("refuses to check a KJT not known checked inside a capture, before any CUDA call, the capture whole",
+    function()
+    local tbe = require "uvmrec.tbe"
+    local c = assert(tbe.new { tables = { { name = "t", rows = 64, dim = 4, features = { "a", "b" },
+                                            placement = "device" } } })
+    -- offsets past the values, made unchecked: its check on the GPU waits for the device
+    local k = assert(ur.KJT({ keys = { "a", "b" }, values = { 1, 2, 3 }, lengths = { 1, 1, 400, 1 },
+                              check = false }):to("device"))
+    assert.is_false(k:checked())
+    local s = assert(ur.stream())
+    local t = assert(ur.tensor({ 1000 }, { placement = "device" })):fill(0)
+    assert(ur.graph_begin(s))
+    t:fill(3, s)
+    local ok, err = pcall(c.forward, c, k)
+    local g = assert(ur.graph_end(s))
+    assert.is_false(ok)
+    assert.matches("embedding collection: kjt: not known checked, and on the GPU its check waits for the device, "
+                   .. "which a graph capture cannot", err, 1, true)
+    assert(g:launch(s))
+    assert(s:sync())
+    assert.equal(3, t:totable()[1000])
+    assert.is_false(k:checked())
+    assert.has_error(function() c:forward(k) end, "embedding collection: kjt: key 'b' sample 0: offsets 2..402 "
+                     .. "disagree with length 400 or pass the 3 values")
+    g:free()
+    c:free()
+  end)
+
   -- clip_norm: the gradients' norm and factor stay on the GPU, so the step stays capturable
   for _, extra in ipairs { {}, { "optimizer.clip_norm=0.05" } } do
     cuda_it("replays the training step bit for bit, batches copied in, counters advanced" .. (extra[1] and " ("

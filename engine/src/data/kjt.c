@@ -479,6 +479,13 @@ static ur_status check_kjt(const ur_kjt *k, const int64_t *rows, const char *who
   if (!at) return ur__error(UR_STATUS_OOM, "%s: out of host memory", who);
   int32_t prev = 0, span = -1;
   ur_status st = UR__NEED(k->be, kjt, validate);
+  /* the check waits for the device, which a capture cannot hold: refused before any CUDA call,
+   * so the capture is left whole */
+  if (!st && k->be == ur__gpu() && ur__graph_capturing())
+    st = ur__error(UR_STATUS_INVALID,
+                   "%s: not known checked, and on the GPU its check waits for the device, "
+                   "which a graph capture cannot: validate it before the capture begins, or "
+                   "make it with check", who);
   if (!st && !(st = enter(k->be, k->values, &prev))) {
     /* on the GPU after every write queued before, on any stream: the engine's streams do not
      * wait for the NULL stream's work, nor it for theirs, and the flag remembers the answer */
