@@ -1026,6 +1026,61 @@ describe("uvmrec.checkpoint registry", function()
     assert.matches("component 'x': whole must be a list of meta keys", e)
   end)
 
+  it("names a JSON metadata key that is not JSON, or JSON of another kind, with the file and what it should be",
+    function()
+    -- uvmrec.components 5 or "dense" raised "checkpoint.lua:585: bad argument #1 to 'ipairs' (table
+    -- expected, got number)", ["dense",{}] "invalid value (table) at index 2 in table for 'concat'";
+    -- {"dense":1} was read as no components ("has no component 'emb' (it has: none)"), a component's
+    -- meta [3] as one without its keys ("has no step"), uvmrec.config [1] compared as a config
+    -- ("config differs at 7 keys: [1] ..."); text not JSON was "uvmrec.rng is not valid: json: ...",
+    -- without what was expected
+    local m, reg = model(1)
+    reg:unregister("dense")
+    reg:register { name = "dense", whole = { "step" }, state = function()
+      return { tensors = { w = m.w, bias = m.bias }, meta = { step = 3 } }
+    end, load = function(_, meta) m.step = meta.step end }
+    local path = scratch("json.safetensors")
+    assert(reg:save(path, { step = 3, config = config, rng = { seed = 1 } }))
+    local good = assert(ck.load(path))
+    local function edited(key, value, want, opts)
+      local meta = {}
+      for k, v in pairs(good.meta) do meta[k] = v end
+      meta[key] = value
+      assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+      local before = m.w:totable()
+      m.step = nil
+      local ok, r, err = pcall(reg.load, reg, path, opts)
+      assert.is_true(ok, tostring(r))
+      assert.is_nil(r)
+      assert.equal("checkpoint " .. path .. ": " .. want, err)
+      assert.same(before, m.w:totable())
+      assert.is_nil(m.step)
+    end
+    local names = "; expected a JSON list of strings (the names of its components)"
+    edited("uvmrec.components", "5", "uvmrec.components is 5" .. names)
+    edited("uvmrec.components", '"dense"', 'uvmrec.components is "dense"' .. names)
+    edited("uvmrec.components", '{"dense":1}', 'uvmrec.components is {"dense":1}' .. names)
+    edited("uvmrec.components", '["dense",{}]', "uvmrec.components[2] is {}" .. names)
+    edited("uvmrec.components", '["dense"', "uvmrec.components is not JSON (json: ']' expected near end of file "
+      .. "at byte 8)" .. names)
+    edited("uvmrec.config", "[1]", "uvmrec.config is [1]; expected a JSON object (the run's config)",
+      { config = config })
+    edited("uvmrec.rng", "{", "uvmrec.rng is not JSON (json: string or '}' expected near end of file at byte 1); "
+      .. "expected JSON (the run's random state)")
+    edited("uvmrec.meta.dense", "[3]", "uvmrec.meta.dense is [3]; expected a JSON object (component 'dense''s meta)")
+    edited("uvmrec.meta.dense", "step", "uvmrec.meta.dense is not JSON (json: invalid token near 'step' at byte 4); "
+      .. "expected a JSON object (component 'dense''s meta)")
+    -- absent: no components, no config or rng, a component's meta empty, as before
+    local meta = {}
+    for k, v in pairs(good.meta) do meta[k] = v end
+    meta["uvmrec.rng"] = nil
+    assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+    local r = assert(reg:load(path))
+    assert.is_nil(r.rng)
+    assert.same({}, r.unused)
+    assert.equal(3, m.step)
+  end)
+
   it("rejects misuse at the caller's line", function()
     local reg = ck.registry()
     assert.has_error(function() reg:register { name = "a.b", state = function() end } end,

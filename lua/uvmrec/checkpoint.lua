@@ -85,6 +85,55 @@ function file_methods:meta(key)
   return out
 end
 
+-- The kinds of JSON value meta_json checks for: what each says in a message and its test of a
+-- decoded value (JSON's [] and {} decode alike: empty is either).
+local function is_list(v) return type(v) == "table" and (next(v) == nil or #v > 0) end
+local function is_object(v) return type(v) == "table" and #v == 0 end
+local META_KINDS = {
+  object = { "a JSON object", is_object },
+  list = { "a JSON list", is_list },
+  ["list of strings"] = { "a JSON list of strings", is_list, function(v) return type(v) == "string" end },
+  ["list of objects"] = { "a JSON list of objects", is_list, is_object },
+}
+
+-- JSON text as a message shows it: at most 60 characters.
+local function excerpt(v)
+  local ok, text = pcall(json.encode, v)
+  text = ok and text or tostring(v)
+  return #text > 60 and text:sub(1, 57) .. "..." or text
+end
+
+-- The value of metadata `key`, which its writer stored as JSON, checked to be of `kind` (a key
+-- of META_KINDS; nil: any JSON), or nil and a message naming the file, the key and what was
+-- expected.  opts: where (the file as the message names it; default "checkpoint PATH"), what
+-- (what the key holds, for the message: "the names of its components"), default (the value
+-- when the key is absent; without it an absent key is refused too).  A key that is there but not
+-- JSON, or JSON of another kind, is never read as absent or empty: a file whose metadata was
+-- damaged or written by another program would be read as holding nothing.
+function file_methods:meta_json(key, kind, opts)
+  opts = opts or {}
+  local k = kind and (META_KINDS[kind] or error("meta_json: kind " .. tostring(kind) .. " is not one of object, list, "
+    .. "list of strings, list of objects", 2))
+  local where = opts.where or ("checkpoint " .. self:path())
+  local want = (k and k[1] or "JSON") .. (opts.what and " (" .. opts.what .. ")" or "")
+  local text = self:meta(key)
+  if text == nil then
+    if opts.default ~= nil then return opts.default end
+    return nil, ("%s: its metadata has no %s; expected %s"):format(where, key, want)
+  end
+  local v, jerr = json.decode(text)
+  if jerr then return nil, ("%s: %s is not JSON (%s); expected %s"):format(where, key, jerr, want) end
+  if k and not k[2](v) then
+    return nil, ("%s: %s is %s; expected %s"):format(where, key, v == nil and "null" or excerpt(v), want)
+  end
+  for i = 1, k and k[3] and #v or 0 do
+    if not k[3](v[i]) then
+      return nil, ("%s: %s[%d] is %s; expected %s"):format(where, key, i, v[i] == nil and "null" or excerpt(v[i]), want)
+    end
+  end
+  return v
+end
+
 -- A zero-copy host tensor over the file's bytes; it outlives close().  Writes to it stay in
 -- memory.  nil, message when the file has no such tensor.
 function file_methods:view(name)
@@ -565,13 +614,11 @@ function Registry:load(path, opts)
     return fail(("uvmrec.step is %s; expected a whole number from 0 to below 2^53"):format(show(f:meta("uvmrec.step"))))
   end
   local decoded = {}
-  for _, k in ipairs { "components", "rng", "config" } do
-    local text = f:meta("uvmrec." .. k)
-    if text then
-      local v, jerr = json.decode(text)
-      if jerr then return fail("uvmrec." .. k .. " is not valid: " .. jerr) end
-      decoded[k] = v
-    end
+  for _, k in ipairs { { "components", "list of strings", "the names of its components" },
+                       { "rng", nil, "the run's random state" }, { "config", "object", "the run's config" } } do
+    local v, jerr = f:meta_json("uvmrec." .. k[1], k[2], { default = decoded, what = k[3] }) -- absent: decoded
+    if jerr then return refuse(jerr) end
+    if v ~= decoded then decoded[k[1]] = v end
   end
   if opts.config ~= nil then
     if decoded.config == nil then return fail("holds no config to check against this run's") end
@@ -612,8 +659,9 @@ function Registry:load(path, opts)
         return fail(("has no component '%s' (it has: %s)"):format(c.name, have))
       end
     else
-      local cm, jerr = json.decode(f:meta("uvmrec.meta." .. c.name) or "{}")
-      if jerr then return fail("the meta of component '" .. c.name .. "' is not valid: " .. jerr) end
+      local cm, jerr = f:meta_json("uvmrec.meta." .. c.name, "object",
+        { default = {}, what = ("component '%s''s meta"):format(c.name) })
+      if jerr then return refuse(jerr) end
       for _, k in ipairs(c.whole or {}) do
         if not whole(cm[k]) then
           return fail(("the meta of component '%s' has %s; expected a whole number >= 0"):format(c.name,
