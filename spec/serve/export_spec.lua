@@ -379,6 +379,37 @@ with safe_open(sys.argv[1], "np") as f:
     cmd.rmdir(dir)
   end)
 
+  it("refuses a checkpoint whose uvmrec.components is not a JSON list of names, naming the file and the key, "
+     .. "before writing", function()
+    -- one not JSON, or JSON of another kind, was read as no components (a run over ranks then
+    -- exported as one process's); a string or a number raised "export.lua:262: bad argument #1
+    -- to 'ipairs' (table expected, got string)"
+    local t = h.trained("tiny")
+    local st = assert(ck.load(assert(require("uvmrec.train").checkpoint_file(t.run)), { placement = "host" }))
+    local dir = cmd.tmpdir()
+    local out = dir .. "/m.safetensors"
+    local want = "; expected a JSON list of strings (the names of its components)"
+    for _, c in ipairs {
+      { "bad", "[\"dense\",", "uvmrec.components is not JSON (json: ']' expected near end of file at byte 9)" },
+      { "object", '{"shards":1}', 'uvmrec.components is {"shards":1}' },
+      { "string", '"shards"', 'uvmrec.components is "shards"' },
+      { "numbers", '["dense",5]', "uvmrec.components[2] is 5" },
+    } do
+      st.meta["uvmrec.components"] = c[2]
+      local path = ("%s/%s.safetensors"):format(dir, c[1])
+      assert(ck.save(path, st))
+      local ran, none, err = pcall(export.run, path, { out = out })
+      refused_leaving_nothing(out, ran, none, err, "")
+      assert.equal(("export: checkpoint %s: %s%s"):format(path, c[3], want), err)
+      local sout, serr, code = cmd.run(("export %s --out %s"):format(path, out))
+      assert.equal(1, code, sout)
+      assert.equal(("uvmrec export: checkpoint %s: %s%s\n"):format(path, c[3], want), serr)
+      assert.is_false(cmd.exists(out), "nothing published")
+    end
+    for _, x in pairs(st.tensors) do x:free() end
+    cmd.rmdir(dir)
+  end)
+
   it("closes the checkpoint and frees its views when it refuses one after opening it", function()
     -- a refusal before the tables (the checkpoint's layers not its config's, a bad --per-table)
     -- left the file open and the dense weights' views to the garbage collector, each keeping the

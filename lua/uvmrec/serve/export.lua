@@ -259,7 +259,12 @@ function M.run(source, opts)
   -- checkpoint holds each whole, read a block of rows at a time from the file.  No table is ever
   -- whole in memory: each block of rows is quantized and written before the next is read.
   local result = { tables = {}, description = desc }
-  for _, c in ipairs(json.decode(f:meta("uvmrec.components") or "[]") or {}) do
+  -- (a list that is not one would read as no components: a run over ranks then exported as one
+  -- process's, its tables looked for in a file that holds none)
+  local components, components_err = f:meta_json("uvmrec.components", "list of strings",
+    { default = {}, what = "the names of its components" })
+  if not components then return fail(components_err) end
+  for _, c in ipairs(components) do
     if c == "shards" then
       local rerr
       reader, rerr = dck.reader(ck.shards_path(path))
