@@ -385,6 +385,64 @@ describe("uvmrec.dist.checkpoint", function()
     plain.tbe:free()
   end)
 
+  it("names a rank's file, the rank and the key when its blocks or counts are missing or not what save wrote",
+    function()
+    -- rank 0 read each rank's uvmrec.dist.blocks unguarded: missing, it raised "dist/checkpoint.lua:253:
+    -- json decode: expected a string, got nil"; not JSON, "bad argument #1 to 'ipairs' (table expected,
+    -- got nil)"; [5], "attempt to index local 'd' (a number value)"; a block of no table, "table index is
+    -- nil"; {"a":1} said "the saved blocks of table 'a' cover 0 of its 0 x 0 elements"; a block's rows
+    -- "x", "attempt to perform arithmetic on field 'rows'"; counts 7, "bad argument #1 to 'ipairs'"; counts
+    -- of a table of no block, "attempt to index local 't' (a nil value)".  Each file is changed as it is
+    -- saved (uvmrec.checkpoint.save, which dist.checkpoint calls for every rank)
+    local save = ck.save
+    local D = dir .. "/damaged"
+    local function damaged(key, value)
+      ck.save = function(path, st, o)
+        st.meta[key] = value
+        return save(path, st, o)
+      end
+      local plain = ur.nn.EmbeddingBagCollection(opts())
+      local ok, m, err = pcall(dck.save, D, plain)
+      ck.save = save
+      plain.tbe:free()
+      assert.is_true(ok, tostring(m))
+      assert.is_nil(m)
+      assert.is_false(command.exists(D .. "/manifest.json"), "no manifest written")
+      return err
+    end
+    local file = ("dist.checkpoint: rank 0's file %s/rank-00000-of-00001.safetensors: "):format(D)
+    local blocks = "; expected a JSON list of objects (the blocks rank 0 saved)"
+    assert.equal(file .. "its metadata has no uvmrec.dist.blocks" .. blocks, damaged("uvmrec.dist.blocks", nil))
+    assert.equal(file .. "uvmrec.dist.blocks is not JSON (json: invalid token near 'oops' at byte 4)" .. blocks,
+      damaged("uvmrec.dist.blocks", "oops"))
+    assert.equal(file .. 'uvmrec.dist.blocks is {"a":1}' .. blocks, damaged("uvmrec.dist.blocks", '{"a":1}'))
+    assert.equal(file .. "uvmrec.dist.blocks[1] is 5" .. blocks, damaged("uvmrec.dist.blocks", "[5]"))
+    assert.equal(file .. "uvmrec.dist.blocks[1] names no table; expected a table of the collection saved",
+      damaged("uvmrec.dist.blocks", '[{"x":1}]'))
+    assert.equal(file .. 'uvmrec.dist.blocks[1] names table "zz"; expected a table of the collection saved',
+      damaged("uvmrec.dist.blocks", '[{"name":"zz"}]'))
+    assert.equal(file .. "uvmrec.dist.counts is 7; expected a JSON list of objects (the counts rank 0 saved)",
+      damaged("uvmrec.dist.counts", "7"))
+    assert.equal(file .. 'uvmrec.dist.counts[1] names table "q"; expected a table whose blocks a file of this save '
+      .. "holds", damaged("uvmrec.dist.counts", '[{"name":"q"}]'))
+    -- a block's fields: checked as load checks a manifest's, before it is written
+    assert.equal(("dist.checkpoint: %s/manifest.json: the blocks the ranks' files name (uvmrec.dist.blocks, "
+      .. "uvmrec.dist.counts) make a manifest load refuses: tables.a.blocks[1].rows is \"x\"; expected a whole "
+      .. "number >= 0")
+      :format(D), damaged("uvmrec.dist.blocks", '[{"name":"a","dtype":"f32","tensor":"a","row0":0,"rows":"x"}]'))
+    -- absent counts are none, as before
+    local plain = ur.nn.EmbeddingBagCollection(opts())
+    ck.save = function(path, st, o)
+      st.meta["uvmrec.dist.counts"] = nil
+      return save(path, st, o)
+    end
+    local ok, m = pcall(dck.save, D, plain)
+    ck.save = save
+    assert.is_true(ok, tostring(m))
+    assert.truthy(m, "saved")
+    plain.tbe:free()
+  end)
+
   it("carries the access counters of one process through a world of one's shards and back", function()
     local comm = assert(dist.comm())
     local plain = counted(1, 3)

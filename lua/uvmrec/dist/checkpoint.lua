@@ -142,6 +142,10 @@ local function save_id(comm)
   return ("%d-%d"):format(v[1], v[2])
 end
 
+-- What is wrong with a decoded manifest (below, with the block layouts it checks), or nil: save
+-- checks the one it makes, load the one it reads.
+local manifest_error
+
 -- Saves `ebc` into the folder dir (made if missing): a collective, every rank calls it.
 -- opts: meta (a table of strings and numbers, kept in the manifest), staging, stream.
 -- Returns the manifest (a table) on every rank, or nil, message on every rank.
@@ -250,25 +254,55 @@ function M.save(dir, ebc, opts)
         break
       end
       manifest.files[r + 1] = fname
-      for _, d in ipairs(json.decode(f:meta("uvmrec.dist.blocks"))) do
+      -- what rank r's file says it holds: blocks of this save's tables, then their counts (a
+      -- file's counts follow its blocks; a replica's, rank 0's)
+      local where = ("dist.checkpoint: rank %d's file %s/%s"):format(r, dir, fname)
+      local function listed(k, known, default)
+        local l, lerr = f:meta_json("uvmrec.dist." .. k, "list of objects",
+          { where = where, default = default, what = ("the %s rank %d saved"):format(k, r) })
+        for i, d in ipairs(l or {}) do
+          if not known[d.name] then
+            return nil, ("%s: uvmrec.dist.%s[%d] names %s; expected a table %s"):format(where, k, i,
+              d.name == nil and "no table" or "table " .. json.encode(d.name),
+              k == "blocks" and "of the collection saved" or "whose blocks a file of this save holds")
+          end
+        end
+        return l, lerr
+      end
+      local held, counts
+      held, err = listed("blocks", tables)
+      for _, d in ipairs(held or {}) do
         local t = manifest.tables[d.name]
         if not t then
-          local shape = tables[d.name] or {}
+          local shape = tables[d.name]
           t = { rows = shape.rows, dim = shape.dim, dtype = d.dtype, kind = shape.kind, blocks = {} }
           manifest.tables[d.name] = t
         end
         d.file = fname
         t.blocks[#t.blocks + 1] = d
       end
-      for _, d in ipairs(json.decode(f:meta("uvmrec.dist.counts") or "[]")) do
-        local t = manifest.tables[d.name] -- a file's counts follow its blocks (a replica's: rank 0's)
+      if held then counts, err = listed("counts", manifest.tables, {}) end
+      for _, d in ipairs(counts or {}) do
+        local t = manifest.tables[d.name]
         d.file = fname
         t.counts = t.counts or {}
         t.counts[#t.counts + 1] = d
       end
+      if not counts then
+        f:close()
+        ok = nil
+        break
+      end
       f:close()
     end
-    for _, name in ipairs(order) do
+    -- what load would refuse in the manifest the files make (a block's rows that are not a
+    -- number) is named here, as there, not met as a Lua error below
+    local merr = ok and manifest_error(manifest)
+    if merr then
+      ok, err = nil, ("dist.checkpoint: %s/%s: the blocks the ranks' files name (uvmrec.dist.blocks, "
+        .. "uvmrec.dist.counts) make a manifest load refuses: %s"):format(dir, M.MANIFEST, merr)
+    end
+    for _, name in ipairs(ok and order or {}) do
       local t = manifest.tables[name]
       local area = 0
       for _, d in ipairs(t and t.blocks or {}) do area = area + d.rows * d.cols end
@@ -415,7 +449,7 @@ end
 -- table holding each of its elements once, before load reads a byte.
 local function shown(v) return v == nil and "missing" or json.encode(v) end
 local function whole(v, lo) return type(v) == "number" and v == math.floor(v) and v >= lo and v < 2 ^ 53 end
-local function manifest_error(m)
+function manifest_error(m)
   local function bad(what, v, want) return ("%s is %s; expected %s"):format(what, shown(v), want) end
   if not whole(m.world, 1) then return bad("world", m.world, "a whole number >= 1") end
   if not whole(m.step, 0) then return bad("step", m.step, "a whole number >= 0") end
