@@ -267,6 +267,55 @@ describe("uvmrec.checkpoint files", function()
     assert.matches("cannot create a temporary file beside .*/no/such/dir/x.safetensors: No such file", err)
   end)
 
+  it("names the file it was writing for every host allocation of a save that fails, publishing nothing", function()
+    -- build/bin/model_oom FILE save (spec/support/model_oom.c) fails each host allocation of a save in
+    -- turn: each said 'safetensors save: out of host memory' (the header's 'safetensors: out of host
+    -- memory', the staging buffer's 'tensor: out of host memory'), naming no file, and a tensor's name
+    -- that could not be copied was sorted anyway: strcmp of NULL, a segmentation fault
+    local p = h.test_program("model_oom")
+    if not p then return end
+    local dir = command.tmpdir()
+    local path = dir .. "/f.safetensors"
+    local out, err, code = command.sh(("%s %s save"):format(p, command.quote(path)))
+    assert.equal(0, code, out .. err)
+    local n, failed = out:match("\nsave: (%d+) allocations, (%d+) failed\n$")
+    assert.truthy(n, out)
+    assert.equal(n, failed, "each allocation that fails fails the save")
+    assert.is_true(tonumber(n) > 20, n .. " allocations")
+    local lines, seen, last = 0, {}, nil
+    for k, line in out:gmatch("save (%d+): ([^\n]*)") do
+      if line:find(" published$") then
+        -- the folder's sync after the rename, the last allocation: the file is whole, and said so
+        assert.equal(n, k, line)
+        assert.equal(path .. " published", line)
+      else
+        lines = lines + 1
+        assert.equal("-2 safetensors save: " .. path, line:sub(1, #path + 21), line)
+        seen[(line:sub(#path + 22):gsub("%(%d+ bytes%)", "(N bytes)"))] = true
+        last = line
+      end
+    end
+    assert.equal(tonumber(n), lines)
+    assert.equal(("-2 safetensors save: %s is written, but its folder was not synced: safetensors: out of host memory")
+      :format(path), last)
+    for _, want in ipairs {
+      ": out of host memory for the list of its 3 tensors (N bytes)",
+      ": out of host memory for a writer (N bytes)",
+      ": out of host memory for its 3 tensors' entries (N bytes)",
+      ": out of host memory for its path (N bytes)",
+      ": out of host memory for a copy of its 2 metadata entries (N bytes)",
+      ": out of host memory for tensor 'table''s name (N bytes)",
+      ": out of host memory for its header's checksum over 3 metadata pairs and 3 tensors (N bytes)",
+      ": out of host memory for its header (N bytes)",
+      ": tensor 'table': a staging buffer of 1048576 bytes: tensor: host allocation of 1048576 bytes failed",
+    } do
+      assert.is_true(seen[want], want)
+    end
+    -- no temporary file left by any of them
+    assert.same({}, require("uvmrec.lib").dir_list(dir, "", ""))
+    command.rmdir(dir)
+  end)
+
   it("keeps saving when the interrupt flag is up, and stops a load", function()
     local path = scratch("interrupt.safetensors")
     local t = ur.uvm_tensor({ 1000 }):uniform(0, 1, 4)

@@ -13,10 +13,17 @@
  *                               makes, then likewise a fresh model's first ur_model_predict of one
  *                               sample: "open k: STATUS MESSAGE", "predict k: STATUS MESSAGE" for
  *                               each k that fails its call, and "open: N allocations, F failed",
- *                               "predict: N allocations, F failed". */
+ *                               "predict: N allocations, F failed".
+ *   model_oom FILE save         saves a host, a managed (through the staging buffer) and an i64
+ *                               tensor with two metadata entries to FILE (ur_safetensors_save)
+ *                               with its k-th host allocation failing, for each k of the N a save
+ *                               makes: "save k: STATUS MESSAGE" for each that fails, "save k:
+ *                               FILE published" for one that left FILE, and "save: N
+ *                               allocations, F failed". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "uvmrec.h"
 
 int __real_posix_memalign(void **p, size_t align, size_t n);
@@ -158,13 +165,61 @@ static void sweep(const char *path) {
   drop(&r);
 }
 
+/* Fails each allocation of a save in turn (ur_safetensors_save: the writer, its header, the
+ * staging buffer of a managed tensor). */
+static void save_sweep(const char *path) {
+  ur_tensor *t[3];
+  int64_t a[2] = {4, 3}, b[2] = {64, 8}, c = 5;
+  if (ur_tensor_new(&t[0], UR_DTYPE_F32, 2, a, UR_PLACE_HOST, UR_LOC_CPU) ||
+      ur_tensor_new(&t[1], UR_DTYPE_F32, 2, b, UR_PLACE_MANAGED, UR_LOC_CPU) ||
+      ur_tensor_new(&t[2], UR_DTYPE_I64, 1, &c, UR_PLACE_HOST, UR_LOC_CPU)) {
+    printf("tensors: %s\n", ur_last_error());
+    exit(1);
+  }
+  for (int i = 0; i < 3; i++) memset(ur_tensor_data(t[i]), 0, ur_tensor_nbytes(t[i]));
+  const char *names[3] = {"w", "table", "ids"}, *keys[2] = {"note", "uvmrec.step"},
+             *values[2] = {"x", "3"};
+  const ur_tensor *const *ts = (const ur_tensor *const *)t;
+  long long n = 0, failed = 0;
+  /* the library's one-time allocations made unlimited, then the allocations of one save */
+  for (int pass = 0; pass < 2; pass++) {
+    made = 0;
+    counting = pass;
+    ur_status st = ur_safetensors_save(NULL, path, 3, names, ts, 2, keys, values, 1 << 20);
+    counting = 0;
+    if (st) {
+      printf("save: %s\n", ur_last_error());
+      exit(1);
+    }
+    n = made;
+    unlink(path);
+  }
+  for (long long k = 1; k <= n; k++) {
+    made = 0;
+    fail_at = k;
+    counting = 1;
+    ur_status st = ur_safetensors_save(NULL, path, 3, names, ts, 2, keys, values, 1 << 20);
+    counting = 0;
+    if (st) printf("save %lld: %d %s\n", k, (int)st, ur_last_error());
+    if (!access(path, F_OK)) printf("save %lld: %s published\n", k, path);
+    unlink(path);
+    failed += st != UR_STATUS_OK;
+  }
+  printf("save: %lld allocations, %lld failed\n", n, failed);
+  for (int i = 0; i < 3; i++) ur_tensor_free(t[i]);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[2], "sweep")) {
     sweep(argv[1]);
     return 0;
   }
+  if (argc == 3 && !strcmp(argv[2], "save")) {
+    save_sweep(argv[1]);
+    return 0;
+  }
   if (argc != 4) {
-    fprintf(stderr, "usage: model_oom MODEL open LIMIT | grow B | sweep\n");
+    fprintf(stderr, "usage: model_oom MODEL open LIMIT | grow B | sweep, or model_oom FILE save\n");
     return 2;
   }
   if (!strcmp(argv[2], "open")) {

@@ -202,14 +202,18 @@ static int staged(const ur_tensor *t) {
   return p == UR_PLACE_DEVICE || p == UR_PLACE_MANAGED;
 }
 
-static ur_status staging_ready(staging *sg) {
+/* who and path: the file's, as messages name it ("safetensors save: ", path), for the tensor
+ * being read or written. */
+static ur_status staging_ready(staging *sg, const char *who, const char *path, const char *name) {
   if (sg->buf) return UR_STATUS_OK;
   uint64_t bytes = sg->want ? sg->want : STAGING_DEFAULT;
   if (bytes < STAGING_MIN) bytes = STAGING_MIN;
   sg->chunk = (size_t)(bytes / 2 / 4096 * 4096);
   int64_t n = (int64_t)sg->chunk * 2;
   ur_status s = ur_tensor_new(&sg->buf, UR_DTYPE_U8, 1, &n, UR_PLACE_PINNED, UR_LOC_CPU);
-  if (s) return s;
+  if (s)
+    return ur__error_cause(s, "%s%s: tensor '%s': a staging buffer of %lld bytes", who, path, name,
+                           (long long)n);
   sg->half[0] = ur_tensor_data(sg->buf);
   sg->half[1] = sg->half[0] + sg->chunk;
   return UR_STATUS_OK;
@@ -292,12 +296,13 @@ static ur_status write_at(ur_safetensors_writer *w, const void *p, uint64_t n, u
   return UR_STATUS_OK;
 }
 
-static ur_status write_staged(ur_safetensors_writer *w, const ur_tensor *t, uint64_t at) {
+static ur_status write_staged(ur_safetensors_writer *w, const char *name, const ur_tensor *t,
+                               uint64_t at) {
   staging *sg = &w->sg;
   uint64_t n = ur_tensor_nbytes(t);
   const char *src = ur_tensor_data(t);
   if (!n) return UR_STATUS_OK;
-  ur_status s = staging_ready(sg);
+  ur_status s = staging_ready(sg, "safetensors save: ", w->path, name);
   if (s) return s;
   size_t len0 = n < sg->chunk ? (size_t)n : sg->chunk;
   if ((s = sg->b->copy(sg->stream, sg->half[0], src, len0))) return s;
@@ -334,14 +339,21 @@ static char *crc_text(const item *items, int32_t n) {
   return text;
 }
 
-static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const char *const *keys,
-                              const char *const *values, char **out, size_t *len) {
+/* Out of host memory for the header of the file at path: its JSON (jansson's allocations, whose
+ * sizes it does not say). */
+static ur_status header_no_memory(const char *path, int32_t n, int32_t nmeta) {
+  return ur__error(UR_STATUS_OOM, "safetensors save: %s: out of host memory for its header (%d "
+                   "metadata entries and %d tensor entries)", path, (int)nmeta, (int)n);
+}
+
+static ur_status build_header(const char *path, const item *items, int32_t n, int32_t nmeta,
+                              const char *const *keys, const char *const *values, char **out,
+                              size_t *len) {
   json_t *root = json_object();
-  ur_status s = root ? UR_STATUS_OK : ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+  ur_status s = root ? UR_STATUS_OK : header_no_memory(path, n, nmeta);
   if (!s && (nmeta > 0 || n > 0)) {
     json_t *m = json_object();
-    if (!m || json_object_set_new(root, "__metadata__", m))
-      s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    if (!m || json_object_set_new(root, "__metadata__", m)) s = header_no_memory(path, n, nmeta);
     for (int32_t i = 0; !s && i < nmeta; i++) {
       if (!keys[i] || !values[i])
         s = ur__error(UR_STATUS_INVALID, "safetensors: metadata entry %d has a NULL key or value",
@@ -361,7 +373,7 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
       json_decref(e);
       json_decref(shape);
       json_decref(offs);
-      s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+      s = header_no_memory(path, n, nmeta);
       break;
     }
     for (int32_t d = 0; d < items[i].ndim; d++)
@@ -379,14 +391,17 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
   if (!s && n > 0) { /* the names are valid: the tensors took them */
     ct = crc_text(items, n);
     if (!ct || json_object_set_new(json_object_get(root, "__metadata__"), CRC_KEY, json_string(ct)))
-      s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+      s = header_no_memory(path, n, nmeta);
   }
   json_t *meta = json_object_get(root, "__metadata__");
   if (!s && meta) { /* what the header says, CRC_KEY's text with it */
     size_t nm = 0;
-    kv *m = malloc((json_object_size(meta) + 1) * sizeof *m);
+    size_t nkv = json_object_size(meta) + 1;
+    kv *m = malloc(nkv * sizeof *m);
     const item **by = malloc(((size_t)n + 1) * sizeof *by);
-    if (!m || !by) s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+    if (!m || !by)
+      s = ur__no_memory("safetensors save: ", path, nkv * sizeof *m + ((size_t)n + 1) * sizeof *by,
+                        "its header's checksum over %zu metadata pairs and %d tensors", nkv - 1, (int)n);
     const char *k;
     json_t *v;
     if (!s) json_object_foreach(meta, k, v) m[nm++] = (kv){k, json_string_value(v)};
@@ -399,7 +414,7 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
     char hex[9];
     snprintf(hex, sizeof hex, "%08x", (unsigned)c);
     if (!s && json_object_set_new(meta, HEADER_CRC_KEY, json_string(hex)))
-      s = ur__error(UR_STATUS_OOM, "safetensors: out of host memory");
+      s = header_no_memory(path, n, nmeta);
     free(m);
     free(by);
   }
@@ -407,12 +422,12 @@ static ur_status build_header(const item *items, int32_t n, int32_t nmeta, const
   char *text = s ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(root);
   if (s) return s;
-  if (!text) return ur__error(UR_STATUS_OOM, "safetensors: out of host memory for the header");
+  if (!text) return header_no_memory(path, n, nmeta);
   size_t tl = strlen(text), padded = (tl + 7) / 8 * 8;
   char *buf = malloc(8 + padded);
   if (!buf) {
     free(text);
-    return ur__error(UR_STATUS_OOM, "safetensors: out of host memory for the header");
+    return ur__no_memory("safetensors save: ", path, 8 + padded, "its header");
   }
   /* Spaces pad the header so the data starts 8-aligned, as the format allows. */
   for (int b = 0; b < 8; b++) buf[b] = (char)((uint64_t)padded >> (8 * b));
@@ -501,7 +516,7 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
   for (int32_t i = 0; !s && i < n; i++) s = check_entry(&entries[i], i);
   if (s) return s;
   ur_safetensors_writer *w = calloc(1, sizeof *w);
-  if (!w) return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+  if (!w) return ur__no_memory("safetensors save: ", path, sizeof *w, "a writer");
   w->fd = -1;
   w->n = n;
   w->items = calloc((size_t)n + 1, sizeof *w->items);
@@ -519,21 +534,32 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
     meta_ok = (!meta_keys[i] || w->meta_keys[i]) && (!meta_values[i] || w->meta_values[i]);
   }
   if (!w->items || !w->slot || !w->path || !w->tmp || !meta_ok) {
+    if (!w->items || !w->slot)
+      s = ur__no_memory("safetensors save: ", path, ((size_t)n + 1) * (sizeof *w->items + sizeof *w->slot),
+                        "its %d tensors' entries", (int)n);
+    else if (!w->path || !w->tmp)
+      s = ur__no_memory("safetensors save: ", path, 2 * strlen(path) + 17, "its path");
+    else
+      s = ur__no_memory("safetensors save: ", path, 2 * ((size_t)nmeta + 1) * sizeof(char *),
+                        "a copy of its %d metadata entries", (int)nmeta);
     ur_safetensors_writer_free(w);
-    return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+    return s;
   }
   item *items = w->items;
-  for (int32_t i = 0; i < n; i++) {
+  for (int32_t i = 0; !s && i < n; i++) {
     items[i] = (item){strdup(entries[i].name), entries[i].dtype, entries[i].ndim, i, {0}, 0, 0, 0, 0};
     memcpy(items[i].shape, entries[i].shape, sizeof items[i].shape);
-    if (!items[i].name) s = ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+    if (!items[i].name)
+      s = ur__no_memory("safetensors save: ", path, strlen(entries[i].name) + 1, "tensor '%s''s name",
+                        entries[i].name);
   }
-  qsort(items, (size_t)n, sizeof *items, by_name);
+  /* (not sorted with a name missing: the comparisons read every name) */
+  if (!s) qsort(items, (size_t)n, sizeof *items, by_name);
   for (int32_t i = 1; !s && i < n; i++)
     if (!strcmp(items[i].name, items[i - 1].name))
       s = ur__error(UR_STATUS_INVALID, "safetensors save: tensor name '%s' is given twice",
                     items[i].name);
-  qsort(items, (size_t)n, sizeof *items, by_layout);
+  if (!s) qsort(items, (size_t)n, sizeof *items, by_layout);
   uint64_t off = 0;
   for (int32_t i = 0; !s && i < n; i++) {
     uint64_t bytes = ur_dtype_size((ur_dtype)items[i].dtype);
@@ -547,7 +573,7 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
   }
   char *header = NULL;
   size_t hlen = 0;
-  if (!s) s = build_header(items, n, nmeta, meta_keys, meta_values, &header, &hlen);
+  if (!s) s = build_header(path, items, n, nmeta, meta_keys, meta_values, &header, &hlen);
   if (!s && hlen - 8 > HEADER_MAX) { /* published, it would be refused by every reader */
     int32_t big = -1;
     for (int32_t i = 0; i < nmeta; i++)
@@ -627,7 +653,7 @@ ur_status ur_safetensors_writer_put(ur_stream *stream, ur_safetensors_writer *w,
     w->sg.stream = stream ? stream->handle : NULL;
     /* kernels still writing the part must finish before its bytes are read */
     s = ur__gpu() ? ur__gpu()->device_sync() : UR_STATUS_OK;
-    if (!s) s = write_staged(w, part, at);
+    if (!s) s = write_staged(w, it->name, part, at);
   } else {
     s = write_at(w, ur_tensor_data(part), n, at);
   }
@@ -658,7 +684,7 @@ ur_status ur_safetensors_writer_close(ur_safetensors_writer *w) {
   if (!s && w->n > 0) {
     char *final = NULL;
     size_t flen = 0;
-    s = build_header(w->items, w->n, w->nmeta, (const char *const *)w->meta_keys,
+    s = build_header(w->path, w->items, w->n, w->nmeta, (const char *const *)w->meta_keys,
                      (const char *const *)w->meta_values, &final, &flen);
     if (!s && flen != w->data_start)
       s = ur__error(UR_STATUS_INVALID, "safetensors: the header of %s changed length once its "
@@ -687,7 +713,9 @@ ur_status ur_safetensors_writer_close(ur_safetensors_writer *w) {
                   w->tmp, w->path, strerror(errno), w->path);
     unlink(w->tmp);
   }
-  if (!s) s = ur__sync_dir(w->path, "safetensors");
+  /* (the folder's own words name no file when its path cannot be copied) */
+  if (!s && (s = ur__sync_dir(w->path, "safetensors")) == UR_STATUS_OOM)
+    s = ur__error_cause(s, "safetensors save: %s is written, but its folder was not synced", w->path);
   ur_safetensors_writer_free(w);
   return s;
 }
@@ -702,7 +730,9 @@ ur_status ur_safetensors_save(ur_stream *stream, const char *path, int32_t n,
   if (nmeta > 0 && !meta_keys) return ur__null(__func__, "meta_keys");
   if (nmeta > 0 && !meta_values) return ur__null(__func__, "meta_values");
   ur_safetensors_entry *entries = calloc(n > 0 ? (size_t)n : 1, sizeof *entries);
-  if (!entries) return ur__error(UR_STATUS_OOM, "safetensors save: out of host memory");
+  if (!entries)
+    return ur__no_memory("safetensors save: ", path, (n > 0 ? (size_t)n : 1) * sizeof *entries,
+                         "the list of its %d tensors", (int)n);
   ur_status s = UR_STATUS_OK;
   for (int32_t i = 0; !s && i < n; i++) {
     if (!tensors[i]) {
@@ -1369,7 +1399,7 @@ static ur_status read_staged(const ur_safetensors *f, const ur_safetensors_entry
                              char *dst) {
   uint64_t n = e->end - e->begin;
   if (!n) return UR_STATUS_OK;
-  ur_status s = staging_ready(sg);
+  ur_status s = staging_ready(sg, "safetensors: ", f->path, e->name);
   int cur = 0;
   for (uint64_t off = 0; !s && off < n; off += sg->chunk) {
     if (ur_interrupt_get()) return interrupted(f, e->name, off);
