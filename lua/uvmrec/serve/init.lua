@@ -232,6 +232,13 @@ function M.score(m, lopts, fn, opts)
   if not loader then return nil, err end
   local n, out = 0, nil
   while not opts.samples or n < opts.samples do
+    -- the engine's interrupt flag (SIGINT or SIGTERM where a command catches them, as uvmrec
+    -- predict does: ur_signals_catch) stops it between batches
+    if C.ur_interrupt_get() ~= 0 then
+      loader:close()
+      if out then out:free() end
+      return nil, ("interrupted after %d samples"):format(n)
+    end
     local batch, berr = loader:next()
     if berr then
       loader:close()
