@@ -473,6 +473,8 @@ describe("uvmrec.qtbe collection", function()
     assert.equal("qtbe: tables 0 and 1 are both named 'a'", c_new({ "a", "a" }, { "x", "y" }, { 0, 1 }))
     assert.equal("qtbe: features 0 and 1 are both named 'x'", c_new({ "a", "b" }, { "x", "x" }, { 0, 1 }))
     assert.equal("qtbe: feature 1 ('y') maps to table 2; expected 0..1", c_new({ "a", "b" }, { "x", "y" }, { 0, 2 }))
+    assert.equal("qtbe: 0 tables and 1 features; expected at least one of each", c_new({}, { "x" }, { 0 }))
+    assert.equal("qtbe: 1 tables and 0 features; expected at least one of each", c_new({ "a" }, {}, {}))
     assert.has_error(function()
       qtbe.new { tables = { { name = "a", rows = 4, dim = 8, placement = "device" } }, device = "cpu" }
     end, "qtbe: table 'a' placement 'device' needs the collection on a GPU, and it runs on the CPU (device -1)")

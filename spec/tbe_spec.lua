@@ -853,6 +853,21 @@ describe("uvmrec.tbe bad input", function()
     c:free()
   end)
 
+  it("names the counts of a collection without tables or features (ur_tbe_new, past the Lua checks)", function()
+    local cfg = ffi.new("ur_tbe_config", { device = -1, out_dtype = C.UR_DTYPE_F32 })
+    cfg.optim.kind = C.UR_OPTIM_KIND_SGD
+    local tc = ffi.new("ur_tbe_table_config[1]", { { name = "t", rows = 8, dim = 4, place = C.UR_PLACE_HOST,
+                                                     state_place = -1 } })
+    local ft, out = ffi.new("int32_t[1]", 0), ffi.new("ur_tbe *[1]")
+    for _, n in ipairs { { 0, 1 }, { 1, 0 } } do
+      assert.equal(C.UR_STATUS_INVALID, C.ur_tbe_new(out, cfg, n[1], tc, n[2], ft, nil))
+      assert.equal(("tbe: %d tables and %d features; expected at least one of each"):format(n[1], n[2]),
+                   ffi.string(C.ur_last_error()))
+    end
+    assert.equal(0, C.ur_tbe_new(out, cfg, 1, tc, 1, ft, nil), ffi.string(C.ur_last_error()))
+    C.ur_tbe_free(out[0])
+  end)
+
   it("checks a KJT not known checked before any entry reads it through its offsets, and a checked one not at all",
     function()
     local function coll(placement)

@@ -363,14 +363,9 @@ ur_status ur_qtbe_new(ur_qtbe **out, const ur_qtbe_config *config, int32_t num_t
                       const int32_t *feature_table, const char *const *feature_names) {
   UR__ARGS(out, config, tables, feature_table);
   *out = NULL;
-  ur_status st;
-  if (!config || !tables || !feature_table)
-    return ur__error(UR_STATUS_INVALID, "qtbe: config, tables and feature_table are required");
-  if ((st = ur__tbe_check_engine("qtbe", config->device, config->bounds, config->out_dtype)))
-    return st;
-  if (num_tables < 1 || num_features < 1)
-    return ur__error(UR_STATUS_INVALID, "qtbe: %d tables and %d features; expected at least one each",
-                     (int)num_tables, (int)num_features);
+  ur_status st = ur__tbe_check_engine("qtbe", config->device, config->bounds, config->out_dtype);
+  if (!st) st = ur__tbe_check_counts("qtbe", num_tables, num_features);
+  if (st) return st;
   ur_qtbe *q = calloc(1, sizeof *q);
   if (!q) return ur__error(UR_STATUS_OOM, "qtbe: out of host memory");
   pthread_mutex_init(&q->lock, NULL);

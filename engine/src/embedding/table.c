@@ -219,6 +219,14 @@ ur_status ur__tbe_check_engine(const char *who, int32_t device, int32_t bounds,
   return UR_STATUS_OK;
 }
 
+ur_status ur__tbe_check_counts(const char *who, int32_t num_tables, int32_t num_features) {
+  if (num_tables < 1 || num_features < 1)
+    return ur__error(UR_STATUS_INVALID,
+                     "%s: %d tables and %d features; expected at least one of each", who,
+                     (int)num_tables, (int)num_features);
+  return UR_STATUS_OK;
+}
+
 ur_status ur__tbe_check_table(const char *who, const char *name, int64_t rows, int32_t dim,
                               int32_t pooling) {
   if (rows < 1)
@@ -459,10 +467,8 @@ ur_status ur_tbe_new(ur_tbe **out, const ur_tbe_config *config, int32_t num_tabl
   UR__ARGS(out, config, tables, feature_table);
   *out = NULL;
   ur_status st = check_config(config);
+  if (!st) st = ur__tbe_check_counts("tbe", num_tables, num_features);
   if (st) return st;
-  if (num_tables < 1 || num_features < 1)
-    return ur__error(UR_STATUS_INVALID, "tbe: %d tables and %d features; expected at least one "
-                                        "of each", (int)num_tables, (int)num_features);
   ur_tbe *t = calloc(1, sizeof *t);
   if (!t) return ur__error(UR_STATUS_OOM, "tbe: out of host memory");
   t->cfg = *config;

@@ -77,10 +77,12 @@ UR__HIDDEN void ur__tbe_names_free(ur__tbe_names *n);
 UR__HIDDEN size_t ur__tbe_names_features_at(const ur__tbe_names *n, size_t table_bytes);
 
 /* The checks both kinds of collection make of their options (who starts the messages): the
- * engine's (device, bounds, output dtype), a table's rows, dim and pooling, and a placement of
- * it (what: "placement", "its optimizer state") on a collection of that device. */
+ * engine's (device, bounds, output dtype), at least one table and one feature, a table's rows,
+ * dim and pooling, and a placement of it (what: "placement", "its optimizer state") on a
+ * collection of that device. */
 UR__HIDDEN ur_status ur__tbe_check_engine(const char *who, int32_t device, int32_t bounds,
                                           ur_dtype out_dtype);
+UR__HIDDEN ur_status ur__tbe_check_counts(const char *who, int32_t num_tables, int32_t num_features);
 UR__HIDDEN ur_status ur__tbe_check_table(const char *who, const char *name, int64_t rows,
                                          int32_t dim, int32_t pooling);
 UR__HIDDEN ur_status ur__tbe_check_place(const char *who, const char *name, const char *what,
