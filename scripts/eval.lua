@@ -58,6 +58,5 @@ if not cfg then cmd:fail(err) end
 opts.config_path = file
 local result, rerr = train.eval(cfg, opts)
 if not result then
-  cmd:fail(require("uvmrec.data").bad_line_hint(rerr, { skip = "--set data.on_bad_line=skip",
-    pad = "--set data.pad_missing_fields=true" }))
+  cmd:fail(require("uvmrec.data").bad_line_hint(rerr))
 end

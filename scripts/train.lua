@@ -72,8 +72,7 @@ if opts.resume and not opts.out and require("uvmrec").C.ur_path_kind(opts.resume
 end
 local result, rerr = train.run(cfg, opts)
 if not result then
-  cmd:fail(require("uvmrec.data").bad_line_hint(rerr, { skip = "--set data.on_bad_line=skip",
-    pad = "--set data.pad_missing_fields=true" }))
+  cmd:fail(require("uvmrec.data").bad_line_hint(rerr))
 end
 if result.interrupted then
   local sig = result.interrupted.signal

@@ -220,6 +220,12 @@ describe("uvmrec.train, against silent wrong results", function()
     assert.equal("uvmrec train: criteo-tsv: " .. short .. ":50: has 38 fields; expected 40 (--set "
       .. "data.pad_missing_fields=true accepts lines of 15 to 39 fields (copies that lost their trailing tabs); "
       .. "--set data.on_bad_line=skip skips bad lines and counts them)\n", cerr)
+    -- and uvmrec eval's, on held-out data with the line
+    _, cerr, code = cmd.run("eval dlrm_tiny --cpu --set eval.batch_size=10 --data criteo-tsv:" .. cmd.quote(short))
+    assert.equal(1, code)
+    assert.equal("uvmrec eval: criteo-tsv: " .. short .. ":50: has 38 fields; expected 40 (--set "
+      .. "data.pad_missing_fields=true accepts lines of 15 to 39 fields (copies that lost their trailing tabs); "
+      .. "--set data.on_bad_line=skip skips bad lines and counts them)\n", cerr)
   end)
 
   it("writes a run directory's events as JSON lines it can read back", function()

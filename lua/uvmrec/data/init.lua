@@ -92,10 +92,14 @@ local function criteo_opts(opts, level, loader, extra)
 end
 M.criteo_opts = criteo_opts
 
+-- The settings that take a bad line, as the config's keys given by --set (uvmrec train, uvmrec eval).
+local CONFIG_SETS = { skip = "--set data.on_bad_line=skip", pad = "--set data.pad_missing_fields=true" }
+
 -- A reader's error about a bad line of a TSV file, with the settings that would take the line,
 -- in the caller's words: names = {skip = "--on-bad-line skip", pad = "--pad-missing-fields"} (a
--- command's flags) or the config's keys.  Other errors come back as they are.
+-- command's flags; default: the config's keys, by --set).  Other errors come back as they are.
 function M.bad_line_hint(err, names)
+  names = names or CONFIG_SETS
   if type(err) ~= "string" or not err:find("criteo%-tsv: [^\n]-:%d+: ") then return err end
   local hints = {}
   if names.pad and err:find("fields; expected 40$") then
