@@ -19,7 +19,13 @@ local cmd = require("uvmrec.cli").command {
     .. "memory export holds", check = require("uvmrec.lib").bytes, default = export.CHUNK },
 }
 local o = cmd:parse(arg)
+-- SIGINT and SIGTERM stop it between blocks of rows (cmd:catch_signals): the model file is
+-- abandoned, its temporary file removed.  A second signal, or SIGKILL, ends the process at once:
+-- that leaves FILE.tmp-XXXXXX, never FILE.
+local signals = cmd:catch_signals()
 local r, err = export.run(o.checkpoint, { out = o.out, tables = o.tables, per_table = o.per_table, dense = o.dense,
                                           chunk = o.chunk, print = print })
+signals.finish(r and ("; %s was written before it stopped"):format(o.out)
+  or ("; %s not written (its temporary file removed)"):format(o.out))
 -- the library's messages say "export: ..."; the command's own prefix already says it
 if not r then cmd:fail((tostring(err):gsub("^export: ", "", 1))) end

@@ -24,15 +24,11 @@ local m, err = serve.open(o.model, { device = o.cpu and "cpu" or nil, placement 
 if not m then cmd:fail(err) end
 local lopts, what = serve.data(m, o.data, { batch_size = o.batch_size, samples = o.samples })
 if not lopts then cmd:fail(what) end
--- SIGINT and SIGTERM only raise the engine's interrupt flag while it scores (ur_signals_catch,
--- as training's signals hook takes them: caught by the command, never by the engine behind a
--- host program's back), so the scoring stops between batches, the temporary file below is
--- removed and the command exits 128 + the signal.  Caught before that file exists.  A second
--- signal ends the process at once (one-shot handlers), as SIGKILL does: that leaves the
--- temporary file, never FILE.
+-- SIGINT and SIGTERM stop the scoring between batches (cmd:catch_signals), the temporary file
+-- below removed; caught before that file exists.  A second signal, or SIGKILL, ends the process
+-- at once: that leaves the temporary file, never FILE.
 local lib = require "uvmrec.lib"
-assert(lib.check(lib.C.ur_signals_catch(1)))
-local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
+local signals = cmd:catch_signals()
 -- A file is written beside itself, under a name of its own (never a fixed one, which could be
 -- another file's: the model's), and renamed when every sample scored: a run that fails half
 -- way leaves no file that looks like an answer (nor changes one that was there).
@@ -61,8 +57,7 @@ local n, serr = serve.score(m, lopts, function(_, p)
   for i = 1, k do out:write(("%.9g\n"):format(v[i])) end
   written = written + k
 end, { samples = o.samples })
-local sig = lib.C.ur_signals_caught()
-if sig ~= 0 then n = nil end
+if signals.caught() then n = nil end
 if tmp then
   local ok, cerr = out:close()
   if n and not ok then n, serr = nil, ("%s: %s"):format(tmp, tostring(cerr)) end
@@ -72,12 +67,8 @@ if tmp then
   end
   if not n then os.remove(tmp) end
 end
--- the handlers as they were, and the flag down (a failure with it up exits 130, SIGINT's)
-lib.C.ur_signals_catch(0)
-if sig ~= 0 then
-  cmd:fail(("interrupted by %s after %d samples%s"):format(SIGNALS[sig] or ("signal " .. sig), written,
-    o.out and ("; %s not written (its temporary file removed)"):format(o.out) or ""), 128 + sig)
-end
+signals.finish((" after %d samples%s"):format(written,
+  o.out and ("; %s not written (its temporary file removed)"):format(o.out) or ""))
 if not n then cmd:fail(serr) end
 if o.out then print(("predict: %d samples of %s -> %s"):format(written, what, o.out)) end
 m:close()

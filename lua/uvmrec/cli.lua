@@ -402,6 +402,33 @@ function M.load_average()
   return l and l:match("^(%S+)")
 end
 
+-- SIGINT and SIGTERM only raise the engine's interrupt flag from here on (ur_signals_catch, as
+-- training's signals hook takes them: the command catches them, never the engine behind a host
+-- program's back), so work that polls the flag stops between its steps and the command tidies up
+-- (a temporary file removed) instead of dying where it stood.  Returns caught() (the signal's
+-- number since, or nil) and finish(what): the handlers given back, then, where a signal came, the
+-- command fails with exit 128 + the signal: "interrupted by SIGTERM" .. what.  A second signal
+-- ends the process at once (one-shot handlers), as SIGKILL does.
+function Command:catch_signals()
+  local C = require("uvmrec.lib").C
+  assert(require("uvmrec.lib").check(C.ur_signals_catch(1)))
+  local function caught()
+    local sig = C.ur_signals_caught()
+    return sig ~= 0 and sig or nil
+  end
+  return {
+    caught = caught,
+    finish = function(what)
+      local sig = caught()
+      -- the handlers as they were, and the flag down (a failure with it up exits 130, SIGINT's)
+      C.ur_signals_catch(0)
+      if sig then
+        self:fail(("interrupted by %s%s"):format(require("uvmrec.lib").signal_name(sig), what or ""), 128 + sig)
+      end
+    end,
+  }
+end
+
 -- Where a benchmark with the flags --gpu and --cpu (declared with mutex = {{"--gpu", "--cpu"}})
 -- runs: "gpu" or "cpu" as asked, else "gpu" where a GPU is in use; --gpu without one fails
 -- (exit 1) with the reason.

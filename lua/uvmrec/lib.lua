@@ -144,6 +144,11 @@ function M.temp_file(path)
   return ffi.string(buf)
 end
 
+-- A signal the engine catches (ur_signals_catch: SIGINT 2, SIGTERM 15) as messages name it.
+function M.signal_name(sig)
+  return ({ [2] = "SIGINT", [15] = "SIGTERM" })[sig] or ("signal " .. tostring(sig))
+end
+
 -- The CRC32C of string s as 8 hex digits, as the safetensors files keep theirs (ur_crc32c).
 function M.crc32c(s) return ("%08x"):format(C.ur_crc32c(0, s, #s)) end
 

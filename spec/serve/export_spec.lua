@@ -617,6 +617,22 @@ with safe_open(sys.argv[1], "np") as f:
     cmd.rmdir(dir)
   end)
 
+  it("stops at the next block of rows on SIGINT or SIGTERM, removing its temporary file, and exits 128 + the signal "
+    .. "(uvmrec export)", function()
+    -- SIGTERM ended the process where it stood, leaving OUT.tmp-XXXXXX, half written, beside OUT
+    if not cmd.can_background() then return pending("env --default-signal (coreutils 8.31) is needed") end
+    -- a row a block (--chunk 1): some 25,000 blocks, seconds on this CPU
+    local t = h.trained("tiny")
+    local outs, out_path = cmd.interrupted_writes(function(out)
+      return ("export %s --out %s --chunk 1"):format(cmd.quote(t.run), out)
+    end, "m.safetensors")
+    for sig, out in pairs(outs) do
+      assert.truthy(out:find(("uvmrec export: interrupted by SIG%s; %s not written (its temporary file removed)\n")
+        :format(sig, out_path), 1, true), out)
+    end
+    cmd.rmdir(out_path:match("^(.*)/"))
+  end)
+
   it("writes bf16 dense weights when asked", function()
     local path = h.exported("tiny", { tables = "int8", dense = "bf16" })
     local f = assert(ck.open(path))

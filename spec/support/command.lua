@@ -162,6 +162,32 @@ function M.background(cmdline, log)
   return job
 end
 
+-- A uvmrec command writing OUT (a file "before\n" in a folder of its own) through OUT.tmp-XXXXXX,
+-- stopped by SIGTERM and then, run again, by SIGINT as soon as that temporary file is there:
+-- each must exit 128 + the signal with OUT as it was, no temporary file left and no traceback.
+-- args(out): the command's arguments (quoted) for OUT.  Returns the outputs by signal ("TERM",
+-- "INT") and OUT.  Needs M.can_background().
+function M.interrupted_writes(args, name)
+  local lib, assert = require "uvmrec.lib", require "luassert"
+  local dir, logs = M.tmpdir(), M.tmpdir()
+  local out_path, outs = dir .. "/" .. name, {}
+  M.spit(out_path, "before\n")
+  for _, c in ipairs { { "TERM", 143 }, { "INT", 130 } } do
+    local job = M.background(M.quote(M.bin()) .. " " .. args(M.quote(out_path)), logs .. "/" .. c[1])
+    local t0 = M.now()
+    while #lib.dir_list(dir, name .. ".tmp-", "") == 0 and M.now() - t0 < 30 do M.sleep(0.01) end
+    assert(os.execute("kill -" .. c[1] .. " " .. job.pid) == 0)
+    local out, code = job:wait(60)
+    assert.equal(c[2], code, out)
+    assert.is_nil(out:find("traceback", 1, true), out)
+    assert.equal("before\n", slurp(out_path), "OUT as it was")
+    assert.same({ name }, lib.dir_list(dir, "", ""), "no temporary file left")
+    outs[c[1]] = out
+  end
+  M.rmdir(logs)
+  return outs, out_path
+end
+
 -- What a terminal shows, roughly: carriage returns, escape sequences and bells removed.
 local function plain(s)
   return (s:gsub("\27%[[%d;?]*[%a@]", ""):gsub("\27[%(%)][%w]", ""):gsub("[\r\7]", ""))

@@ -373,6 +373,11 @@ function M.run(source, opts)
       local name, t, b = "C" .. i, desc.tables[i], blocks[i]
       local qerr
       for row0 = 0, r - 1, b.step do
+        -- the interrupt flag (SIGINT or SIGTERM where the command catches them, as uvmrec export
+        -- does) stops it between blocks: the file is abandoned, its temporary file removed
+        if lib.C.ur_interrupt_get() ~= 0 then
+          return nil, ("export: interrupted at table %s's row %d of %d"):format(name, row0, r)
+        end
         local n = math.min(b.step, r - row0)
         local src = bufs[b.rows]:view_as(0, { n, e.dim })
         local stored = bufs[b.stored]:view_as(0, { n, b.qcols })

@@ -292,8 +292,6 @@ end
 
 function Collisions:summary() return self.collisions:summary() end
 
-local SIGNALS = { [2] = "SIGINT", [15] = "SIGTERM" }
-
 -- signals(catch): the interrupt flag stops the run at the step boundary after it rises
 -- (run.interrupted = {signal, name, step}); with catch, SIGINT and SIGTERM only raise it while
 -- the loop runs (one call a step, no system call).  Last in a run's hooks: the others' after
@@ -311,7 +309,8 @@ function Signals:after(run)
   local dist = package.loaded["uvmrec.dist"]
   if dist and dist.is_initialized() and dist.world() > 1 then sig = dist.interrupted(sig) end
   if sig == nil then return end
-  run.interrupted = { signal = sig, name = SIGNALS[sig] or "the interrupt flag", step = run.step }
+  local name = sig ~= 0 and require("uvmrec.lib").signal_name(sig) or "the interrupt flag"
+  run.interrupted = { signal = sig, name = name, step = run.step }
   run:stop()
 end
 
