@@ -67,8 +67,10 @@ if tmp then
   end
   if not n then os.remove(tmp) end
 end
-signals.finish((" after %d samples%s"):format(written,
-  o.out and ("; %s not written (its temporary file removed)"):format(o.out) or ""))
+-- (a signal after the check above, once FILE is renamed into place, finds it written)
+signals.finish((" after %d samples%s"):format(written, not o.out and ""
+  or n and ("; %s was written before it stopped"):format(o.out)
+  or ("; %s not written (its temporary file removed)"):format(o.out)))
 if not n then cmd:fail(serr) end
 if o.out then print(("predict: %d samples of %s -> %s"):format(written, what, o.out)) end
 m:close()
