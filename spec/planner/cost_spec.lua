@@ -101,6 +101,26 @@ describe("planner.cost", function()
     assert.equal(2016, assert(cost.option(tab(), ctx(), { placement = "cached", load_factor = 0.2 })).slots)
   end)
 
+  it("holds a cache's scratch over every value its rank's collection gets, and its evaluations' growth", function()
+    -- the backend's carve a value (kernels/cache.cu, engine/src/embedding/cache_cpu.c), grown by a
+    -- quarter, and two slot-id buffers; evaluations of 4 times the batch grow the scratch to
+    -- theirs and add two buffers of their own
+    local cpu = planner.calib.synthetic(R)
+    cpu.backend = "cpu"
+    near(cost.cache_batch_scratch(L, ctx()), L * (144 * 1.25 + 20), "the GPU's")
+    near(cost.cache_batch_scratch(L, ctx { calib = cpu }), L * (80 * 1.25 + 20), "the CPU's")
+    near(cost.cache_batch_scratch(L, ctx { eval_batch = 4 * B }), L * (4 * 144 * 1.25 + 20 * (1 + 4)), "evaluating")
+    near(cost.cache_batch_scratch(L, ctx { eval_batch = B / 2 }), L * (144 * 1.25 + 20), "smaller evaluations")
+    -- over ranks a cached shard holds room in the search over its own values (the plan counts
+    -- its rank's collection's: spec/planner/train_plan_spec.lua measures it); others none
+    local c2 = ctx { world = 2, eval_batch = 4 * B }
+    for _, sh in ipairs({ "table_wise", "row_wise" }) do
+      local o = assert(cost.option(tab(), c2, { sharding = sh, placement = "cached", load_factor = 0.2 }))
+      near(o.room, cost.cache_batch_scratch(o.lookups, c2), sh)
+      assert.is_nil(assert(cost.option(tab(), c2, { sharding = sh, placement = "device" })).room)
+    end
+  end)
+
   it("prices the cache's decisions per distinct row of the table's own ids, and each miss moved", function()
     -- a calibration with the per-row term: the lookup per id, the decisions per distinct row
     local R2 = {}

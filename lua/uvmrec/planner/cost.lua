@@ -38,8 +38,11 @@ M.CACHE = {
   slot_meta = 8 + 8 + 1,      -- tag (u64), LRU stamp (i64), dirty (u8) per slot
   slot_row_id = 8,            -- the row each slot-storage row holds (slots and staging rows)
   lfu_per_row = 4,            -- LFU count and epoch per row of every cached table
-  scratch_per_value = 144 * 1.25, -- decisions' scratch (ka kb va vb uid ukeys 6x8, sa sb 2x4,
-                              -- oa ob 2x8, grp res evict 3x8, flags pre 2x24) grown by 1/4
+  -- the decisions' scratch a value, by backend, grown by 1/4 (engine/src/embedding/cache.c's
+  -- prepare_batch): the GPU's carve (kernels/cache.cu: ka kb va vb uid ukeys 6x8, sa sb 2x4, oa ob
+  -- 2x8, grp res evict 3x8, flags pre 2x24), the CPU's (cache_cpu.c: keys tkeys vidx tvidx uniq_of
+  -- ukeys order res evict grp 10x8)
+  scratch_per_value = { cuda = 144 * 1.25, cpu = 80 * 1.25 },
   ids_per_value = 8 * 1.25 * 2, -- slot-id buffers (i64, 1.25x), two batches in flight
   ring = 4,                   -- batches prepared and not retired: move lists each
   staging_rows = 256,         -- conflict rows per half (two halves), the default start
@@ -69,7 +72,14 @@ function M.context(o)
     -- the GPU's dense workspaces (M.dense_workspaces): a GPU's unless told (the CPU has none),
     -- sized for sms multiprocessors
     workspaces = o.workspaces == nil or o.workspaces, sms = o.sms or M.WORKSPACE.sms,
+    -- the backend the cache's scratch is carved for (M.cache_batch_scratch), and the rows of a
+    -- rank's evaluation batches (0: none), over whose values it grows
+    backend = o.calib.backend == "cpu" and "cpu" or "cuda", eval_batch = o.eval_batch or 0,
   }
+  if type(ctx.eval_batch) ~= "number" or ctx.eval_batch < 0 or ctx.eval_batch ~= math.floor(ctx.eval_batch) then
+    error(("cost.context: eval_batch %s; expected the rows of a rank's evaluation batches (0: none)"):format(
+      tostring(ctx.eval_batch)), 2)
+  end
   if type(ctx.hints_every) ~= "number" or ctx.hints_every < 1 then
     error(("cost.context: hints_every is %s; expected the steps between hint intervals (>= 1)"):format(
       tostring(ctx.hints_every)), 2)
@@ -239,8 +249,10 @@ function M.option(t, ctx, opt)
     local S = M.cache_slots(Rs, c, ctx)
     -- the staging rows are the cache's, one set whatever its tables: on one rank the plan holds
     -- them once where a table may be cached (M.cache_staging, planner.setup); over ranks each
-    -- cached table counts them (a rank's others are not counted: docs/planner.md)
+    -- cached table holds room for them in the search, and the plan counts them once a cache
+    -- (planner.build, from o.staging)
     local staging = ctx.world > 1 and M.cache_staging(ctx, rbs + sbs) or { cache_slots = 0, cache_meta = 0 }
+    if ctx.world > 1 then o.staging = staging end
     local policy = opt.policy or ctx.policy
     local hr = memo_get(t, policy, L_pop, S / frac)
     if not hr then
@@ -256,12 +268,9 @@ function M.option(t, ctx, opt)
     mem.device.cache_slots = S * (rbs + sbs) + staging.cache_slots
     mem.device.cache_meta = S * (M.CACHE.slot_meta + M.CACHE.slot_row_id) + staging.cache_meta
                             + (policy == "lfu" and M.CACHE.lfu_per_row * Rs or 0)
-    -- the decisions' scratch runs over every value of the batch the cache is given, its other
-    -- tables' too: on one rank that is the whole batch, a term of the plan's (planner.setup:
-    -- cache_batch); over ranks this table's share only (a rank's other tables of its kind are
-    -- not counted: docs/planner.md)
-    mem.device.cache_scratch = (ctx.world > 1 and M.cache_batch_scratch(Ls) or 0)
-                               + M.CACHE.ring * 8 * (1.5 * (4 * misses + Us) + 1024)
+    -- the move lists of the batches in flight; the scratch over the batch's values is the
+    -- rank's (below: a share of it every shard has)
+    mem.device.cache_scratch = M.CACHE.ring * 8 * (1.5 * (4 * misses + Us) + 1024)
     mem.pinned = Rs * (rbs + sbs)
     -- the lookup sorts every id; the decisions and placement go per distinct row (a Zipf
     -- table's batch has far fewer than ids: its profile's); each miss moves its row in and,
@@ -274,6 +283,16 @@ function M.option(t, ctx, opt)
     mem.pinned = Rs * (rbs + sbs)
   else
     return nil, ("placement '%s' is not %s"):format(tostring(place), table.concat(M.PLACEMENTS, ", "))
+  end
+  -- Over ranks a rank's shards of a kind (table- and column-wise, row-wise) are one collection,
+  -- which hands its cache every shard's values, cached or not (uvmrec.dist.sharded's prepare;
+  -- engine/src/embedding/cache.c's prepare_batch sizes the scratch over them).  A cached shard
+  -- holds room in the search for the scratch over its own values (o.room, in its cache_scratch;
+  -- the search weighs each table on its own); planner.build counts the rank's cache over all
+  -- its collection's values (o.lookups of every shard of the kind), once.
+  if ctx.world > 1 and place == "cached" then
+    o.room = M.cache_batch_scratch(Ls, ctx)
+    mem.device.cache_scratch = mem.device.cache_scratch + o.room
   end
   -- forward: distinct rows at the gather rate (or over the link), repeats on chip, outputs
   -- written; backward: per id, each distinct row stepped with its state, the outputs' gradient
@@ -733,10 +752,17 @@ function M.cache_staging(ctx, row_bytes)
   return { cache_slots = M2 * row_bytes, cache_meta = M2 * M.CACHE.slot_row_id }
 end
 
--- HBM of a cache's per-batch scratch over `values` values: the decisions' scratch and the
--- slot-id buffers.  A collection hands its cache the whole batch, every table's values.
-function M.cache_batch_scratch(values)
-  return values * (M.CACHE.scratch_per_value + M.CACHE.ids_per_value)
+-- HBM of a cache's per-batch scratch over `values` values a training batch: the decisions'
+-- scratch and the slot-id buffers.  A collection hands its cache the whole batch, every table's
+-- values (on one rank the batch's; over ranks its kind's shards' on the rank: M.option's room).
+-- ctx (optional: the GPU's, no evaluation): the backend the scratch is carved for, and the
+-- rows of a rank's evaluation batches, whose values (values * eval_batch / batch) grow the
+-- scratch where they are more (one scratch, grown, the old one freed) and take two slot-id
+-- buffers of their own (the training batches' stay in the cache's pool: uvmrec.cache's _buffer).
+function M.cache_batch_scratch(values, ctx)
+  local spv = M.CACHE.scratch_per_value[ctx and ctx.backend or "cuda"]
+  local e = ctx and ctx.eval_batch > ctx.batch and ctx.eval_batch / ctx.batch or 0
+  return values * (spv * max(1, e) + M.CACHE.ids_per_value * (1 + e))
 end
 
 -- The pipeline's buffers on one rank: the batch on the GPU (two in flight), `depth` pinned

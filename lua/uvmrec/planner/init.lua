@@ -302,7 +302,11 @@ local function setup(tables, profiles, budget, opts)
     arena_block = opts.arena_block or require("uvmrec.nn.arena").BLOCK[cal.backend == "cpu" and "host" or "device"],
     -- the dense ops' workspaces: a GPU's (the CPU backend has none)
     workspaces = cal.backend ~= "cpu", sms = opts.sms,
-    output_bytes = opts.output_bytes })
+    output_bytes = opts.output_bytes,
+    -- the evaluations' rows a rank, over whose values a cache's scratch grows (a bad one is
+    -- cost.dense_model's to refuse, below)
+    eval_batch = type(opts.dense) == "table" and require("uvmrec.lib").whole_in(opts.dense.eval_batch, 0, 2 ^ 53)
+      and opts.dense.eval_batch or nil })
   if not ok then return nil, "planner: " .. tostring(ctx):gsub("^[^\n]-:%d+: ", "") end
   -- a search or threshold of another spelling ran the greedy search, its default stop
   local search_how = opts.search
@@ -425,7 +429,8 @@ local function setup(tables, profiles, budget, opts)
       end
     end
     if rb > 0 then
-      fixed.cache_batch, fixed.cache_staging = cost.cache_batch_scratch(ctx.batch * ids), cost.cache_staging(ctx, rb)
+      fixed.cache_batch = cost.cache_batch_scratch(ctx.batch * ids, ctx)
+      fixed.cache_staging = cost.cache_staging(ctx, rb)
       fixed.cache_room = fixed.cache_batch + fixed.cache_staging.cache_slots + fixed.cache_staging.cache_meta
       fixed_total = fixed_total + fixed.cache_room
     end
@@ -453,7 +458,7 @@ local function min_budget(S, W, cap)
   if W ~= S.world then
     local ok, c = pcall(cost.context, { calib = S.calib, batch = ctx.batch, world = W, policy = ctx.policy,
       pipeline = ctx.pipeline, page_bytes = ctx.page_bytes, fractions = ctx.fractions,
-      output_bytes = ctx.output_bytes, arena_block = ctx.arena_block })
+      output_bytes = ctx.output_bytes, arena_block = ctx.arena_block, eval_batch = ctx.eval_batch })
     if not ok then return nil end
     ctx = c
   end
@@ -797,6 +802,39 @@ end
 local DEVICE_PARTS = { unpack(cost.DEVICE_PARTS) }
 for _, k in ipairs({ "dense", "pipeline", "reserve" }) do DEVICE_PARTS[#DEVICE_PARTS + 1] = k end
 
+-- Over ranks, a rank's caches (one for its table- and column-wise shards, one for its row-wise
+-- ones: uvmrec.dist.sharded's collections), as the engine holds them: each scratches over every
+-- value its collection is given, its shards' of every placement (cost.cache_batch_scratch of
+-- their lookups), and has one set of staging rows (cost.cache_staging).  The cached options
+-- priced the search's room instead (each one's own values' scratch and staging rows), replaced
+-- here; the search itself still holds only that room (docs/planner.md, HBM per rank).
+local function rank_caches(S, best, ranks)
+  local per = {}
+  for i, it in ipairs(S.items) do
+    local o = it.options[best.choice[i]]
+    local k = o.sharding == "row_wise" and 2 or 1
+    for _, r in ipairs(best.part.ranks[i]) do
+      per[r] = per[r] or { { values = 0, room = 0 }, { values = 0, room = 0 } }
+      local c, d = per[r][k], ranks[r].device
+      if o.sharding ~= "data_parallel" then c.values, c.room = c.values + o.lookups, c.room + (o.room or 0) end
+      if o.staging then
+        c.rb = math.max(c.rb or 0, o.row_bytes)
+        d.cache_slots, d.cache_meta = d.cache_slots - o.staging.cache_slots, d.cache_meta - o.staging.cache_meta
+      end
+    end
+  end
+  for r, kinds in pairs(per) do
+    local d = ranks[r].device
+    for _, c in ipairs(kinds) do
+      d.cache_scratch = d.cache_scratch - c.room + (c.rb and cost.cache_batch_scratch(c.values, S.ctx) or 0)
+      if c.rb then
+        local st = cost.cache_staging(S.ctx, c.rb)
+        d.cache_slots, d.cache_meta = d.cache_slots + st.cache_slots, d.cache_meta + st.cache_meta
+      end
+    end
+  end
+end
+
 function M.build(S, best, stats)
   local ctx = S.ctx
   local W = S.world
@@ -860,6 +898,7 @@ function M.build(S, best, stats)
     d.cache_slots = d.cache_slots + S.fixed.cache_staging.cache_slots
     d.cache_meta = d.cache_meta + S.fixed.cache_staging.cache_meta
   end
+  if W > 1 then rank_caches(S, best, ranks) end
   for r, R in ipairs(ranks) do
     R.load, R.cache_batch_seconds = load[r], cache_batch[r]
     -- summed in one order: pairs' order changes from run to run (the last digit of a plan's
