@@ -435,6 +435,11 @@ local function setup(tables, profiles, budget, opts)
       fixed_total = fixed_total + fixed.cache_room
     end
   end
+  if world > 1 then
+    for _, it in ipairs(items) do
+      for _, o in ipairs(it.options) do fixed.cache_shares = fixed.cache_shares or o.placement == "cached" or nil end
+    end
+  end
   local avail = {}
   for r = 1, world do avail[r] = B - fixed_total end
   -- the plan without a cache has the cache's room back (M.plan: uncached)
@@ -751,7 +756,10 @@ function M.plan(tables, profiles, budget, opts)
   -- held wherever a table may be cached, used or not.  So the plan without a cache is searched
   -- too where that room was held, or where the plan caches a table and the cache has a cost per
   -- batch, and the faster one kept.
-  local cached = not plan or S.fixed.cache_room ~= nil
+  -- Over ranks the plan counts a rank's cache over its collections' every value where the search
+  -- held room for the cached shards' own (rank_caches): the plan without a cache is searched too
+  -- wherever a table may be cached.
+  local cached = not plan or S.fixed.cache_room ~= nil or S.fixed.cache_shares ~= nil
   if plan and cost.cache_batch_seconds(S.ctx) > 0 then
     for _, t in ipairs(plan.data.tables) do cached = cached or t.placement == "cached" end
   end
