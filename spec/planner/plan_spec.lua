@@ -814,6 +814,59 @@ describe("planner plans", function()
                      .. "prefix_fraction, rank")
   end)
 
+  -- Over ranks a rank's cache scratches over every value its collection gets, its shards' of every
+  -- placement (uvmrec.dist.sharded), which the plan counts (beeef2c); the search holds a shard's
+  -- share of it on a rank once the rank caches.  f1a702f counted each cached shard's own values:
+  -- 30.3 MiB of scratch a rank here, its plan (5.945 ms) 2.056 and 2.066 GiB a rank with the
+  -- scratch counted over every value, in 2 GiB.
+  it("holds a rank's cache scratch over its collection's every value within the budget (dlrm_kaggle, 2 ranks)",
+     function()
+    local train = require "uvmrec.train"
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=131072",
+      "embeddings.tables.C3.placement=cached", "embeddings.tables.C3.cache.load_factor=0.1",
+      "embeddings.tables.C21.placement=cached", "embeddings.tables.C21.cache.load_factor=0.1" }))
+    local prob = assert(planner.from_config(cfg, { world = 2 }))
+    local p = assert(planner.plan(prob.tables, prob.profiles, "2GiB", { world = 2, batch = prob.batch,
+      calibration = cal, dense = prob.dense, loader = prob.loader })).data
+    assert.equal(65536, p.batch)
+    -- per rank, its two collections (table- and column-wise shards; row-wise ones): their values,
+    -- and whether they cache
+    local values, caches = {}, {}
+    for _, t in ipairs(p.tables) do
+      if t.sharding ~= "data_parallel" then
+        local k = t.sharding == "row_wise" and 2 or 1
+        for _, r in ipairs(t.ranks) do
+          values[r] = values[r] or { 0, 0 }
+          caches[r] = caches[r] or {}
+          values[r][k] = values[r][k] + t.lookups_per_step
+          caches[r][k] = caches[r][k] or t.placement == "cached"
+        end
+      end
+    end
+    assert.equal("cached", p.tables[3].placement)
+    assert.equal("cached", p.tables[21].placement)
+    for _, R in ipairs(p.ranks) do
+      local scratch = 0
+      for k = 1, 2 do
+        if caches[R.rank] and caches[R.rank][k] then
+          scratch = scratch + planner.cost.cache_batch_scratch(values[R.rank][k])
+        end
+      end
+      assert.is_true(scratch > 0, ("rank %d caches"):format(R.rank))
+      assert.is_true(R.device.cache_scratch >= scratch, ("rank %d: %.1f MiB of cache scratch counted for %.1f MiB over "
+        .. "its values"):format(R.rank, R.device.cache_scratch / 2 ^ 20, scratch / 2 ^ 20))
+      assert.is_true(R.hbm <= p.budget, ("rank %d: %.4f GiB in %.4f"):format(R.rank, R.hbm / 2 ^ 30, p.budget / 2 ^ 30))
+    end
+    -- in 1.9 GiB the plan searched without the shares (5.982 ms) needs 1.99 GiB on rank 0, and
+    -- the search holding them finds none: refused, naming the rank
+    local none, err = planner.plan(prob.tables, prob.profiles, "1.9GiB", { world = 2, batch = prob.batch,
+      calibration = cal, dense = prob.dense, loader = prob.loader })
+    assert.is_nil(none)
+    assert.matches("^planner: no plan fits 1%.90 GiB of HBM per rank once a rank's cache scratch is counted over "
+      .. "every value its collection gets .* needs [%d.]+ GiB on rank %d, its caches' scratch [%d.]+ MiB; the plan "
+      .. "without a cache: none$", err)
+  end)
+
   it("counts the synthetic loader's values a sample, and prices its batches with the calibration's rate", function()
     local train = require "uvmrec.train"
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "train.batch_size=512" }))

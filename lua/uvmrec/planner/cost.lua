@@ -287,12 +287,18 @@ function M.option(t, ctx, opt)
   -- Over ranks a rank's shards of a kind (table- and column-wise, row-wise) are one collection,
   -- which hands its cache every shard's values, cached or not (uvmrec.dist.sharded's prepare;
   -- engine/src/embedding/cache.c's prepare_batch sizes the scratch over them).  A cached shard
-  -- holds room in the search for the scratch over its own values (o.room, in its cache_scratch;
-  -- the search weighs each table on its own); planner.build counts the rank's cache over all
-  -- its collection's values (o.lookups of every shard of the kind), once.
-  if ctx.world > 1 and place == "cached" then
-    o.room = M.cache_batch_scratch(Ls, ctx)
-    mem.device.cache_scratch = mem.device.cache_scratch + o.room
+  -- holds the scratch over its own values (o.room, in its cache_scratch); a shard of another
+  -- placement has its share (o.share, whole bytes rounded up: sums of them are exact), which
+  -- the search holds on a rank only once that rank's collection caches a shard (planner.search);
+  -- planner.build counts the rank's cache over all its collection's values (o.lookups of every
+  -- shard of the kind), once.
+  if ctx.world > 1 and sharding ~= "data_parallel" then
+    if place == "cached" then
+      o.room = M.cache_batch_scratch(Ls, ctx)
+      mem.device.cache_scratch = mem.device.cache_scratch + o.room
+    else
+      o.share = ceil(M.cache_batch_scratch(Ls, ctx))
+    end
   end
   -- forward: distinct rows at the gather rate (or over the link), repeats on chip, outputs
   -- written; backward: per id, each distinct row stepped with its state, the outputs' gradient

@@ -477,7 +477,10 @@ local function min_budget(S, W, cap)
     for _, t in ipairs(S.tables) do outputs = outputs + 2 * ctx.batch * t.dim * ctx.output_bytes end
     if outputs + (fixed_w or S.fixed_total - (S.fixed.cache_room or 0)) > cap then return nil end
   end
-  local items = {}
+  -- no share of a rank's cache scratch held (search.lua's items.relaxed): a bound from below, where
+  -- holding them at every table's smallest choice asks more than plans of larger choices need
+  -- (dlrm_kaggle with C3 and C21 cached on 2 ranks: 2.15 GiB, where 1.95 GiB plans)
+  local items = { relaxed = true }
   for i, t in ipairs(S.tables) do
     -- the room a rank of W has, as setup gives the frontier its own (a choice no rank holds
     -- would say more GPUs do not help where spreading the table does)
@@ -536,6 +539,7 @@ end
 -- tables cached in every choice with the ranks their settings put them on.  This was reported as
 -- host memory short, given or not (a dim-8 column-wise table fixed cached beside a dim-16 one).
 local function width_failure(S, info, need)
+  search.prep(S.items) -- (its widths: the search may have run on relaxed(S)'s)
   local names = S.items.width_names or {}
   if #names < 2 then
     -- (not met: with one width every table at its smallest choice partitions as min_budget's
@@ -677,6 +681,27 @@ local AUTO_EXHAUSTIVE, MAX_NODES = 2e5, 5e7
 
 local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
 
+-- The first rank whose HBM, as M.build counts it, passes the plan's budget (nil where none does).
+local function over_budget(plan)
+  for _, R in ipairs(plan.data.ranks) do
+    if R.hbm > plan.data.budget then return R end
+  end
+end
+
+-- S's items, the same options, searched with no rank holding its shares of its cache's scratch
+-- (search.lua's items.relaxed; M.plan).
+local function relaxed(S)
+  if not S.relaxed_items then
+    local items = { relaxed = true }
+    for i, it in ipairs(S.items) do
+      items[i] = { name = it.name, options = it.options, table = it.table, rank = it.rank,
+                   not_offered = it.not_offered }
+    end
+    S.relaxed_items = items
+  end
+  return S.relaxed_items
+end
+
 -- The plan: see the top of this file.  opts: world (gpus), batch (per rank), calibration
 -- (a name, path, table or calib), dense (cost.dense_model's description), host_memory, policy
 -- ("lru" | "lfu"), pipeline, threshold (greedy's early stop, 10; false: none), search ("auto":
@@ -694,9 +719,9 @@ function M.plan(tables, profiles, budget, opts)
   if not S then return nil, err end
   local how = opts.search or "auto"
   local max_nodes = opts.max_nodes or MAX_NODES
-  local function run(items, avail)
+  local function run(items, avail, start)
     local env = { world = S.world, avail = avail, host = S.host_limit }
-    local best, info, stats = search.greedy_widths(items, env, { threshold = opts.threshold })
+    local best, info, stats = search.greedy_widths(items, env, { threshold = opts.threshold, start = start })
     stats.method = "greedy"
     stats.threshold = opts.threshold == nil and 10 or opts.threshold
     if how == "exhaustive" or how == "auto" and size_of(items, S.world, AUTO_EXHAUSTIVE) <= AUTO_EXHAUSTIVE then
@@ -738,10 +763,18 @@ function M.plan(tables, profiles, budget, opts)
     local U = setmetatable({ items = items }, { __index = S })
     return M.build(U, best, stats), stats
   end
-  local plan, stats, info
+  -- Over ranks a rank's cache scratches over every value its collection gets (rank_caches): the
+  -- search holds each shard's share of it on a rank only once the rank caches (search.lua's held).
+  -- It runs first without any share held (relaxed: the plans it weighs are a superset, each priced
+  -- at most as much), and again holding them only where that plan passes its budget once the
+  -- rank's caches are counted: a relaxed plan that fits is the plan the held search would look
+  -- for (the exhaustive search's, exactly), and where the plan without a cache is no slower
+  -- than the relaxed one, the held search cannot beat it either.  (Held from the start, search_spec's
+  -- 1000 tables on 8 ranks took 5 s of CPU for the plan found in 1.2 s: the repairs of its cached
+  -- search freed the shares of ranks that cached a table a few MiB at a time, a partition each.)
+  local plan, stats, info, best
   if S.fixed_total < S.budget then
-    local best
-    best, info, stats = run(S.items, S.avail)
+    best, info, stats = run(S.world > 1 and relaxed(S) or S.items, S.avail)
     if stats == "stopped" then return nil, info end
     if best then
       local m = search.cache_clash(S.items, best.choice, best.part.ranks)
@@ -763,10 +796,34 @@ function M.plan(tables, profiles, budget, opts)
   if plan and cost.cache_batch_seconds(S.ctx) > 0 then
     for _, t in ipairs(plan.data.tables) do cached = cached or t.placement == "cached" end
   end
+  local plan2, stats2, stopped
   if cached then
-    local plan2, stats2, stopped = uncached()
+    plan2, stats2, stopped = uncached()
     if stopped then return nil, stopped end
+  end
+  local over = plan and S.world > 1 and over_budget(plan)
+  local refused
+  if over then
+    local relaxed_step = plan.data.step_seconds
+    refused = ("planner: no plan fits %s of HBM per rank once a rank's cache scratch is counted over every value its "
+      .. "collection gets (the search holding each shard's share of it on a rank that caches found none): the plan "
+      .. "searched without them (%.3f ms) needs %s on rank %d, its caches' scratch %s"):format(fmt_bytes(S.budget),
+      relaxed_step * 1e3, fmt_bytes(over.hbm), over.rank, fmt_bytes(over.device.cache_scratch))
+    plan = nil
+    if not (plan2 and plan2.data.step_seconds <= relaxed_step) then
+      -- held, starting from the relaxed plan's choice too (search.greedy's opts.start)
+      local st
+      best, info, st = run(S.items, S.avail, best)
+      if st == "stopped" then return nil, info end
+      if best then plan, stats = M.build(S, best, st), st end
+    end
+    for _, s in ipairs({ stats, stats2 }) do
+      s.relaxed = { step = relaxed_step, rank = over.rank, hbm = over.hbm }
+    end
+  end
+  if cached then
     if not plan then
+      if not plan2 and refused then return nil, refused .. "; the plan without a cache: none" end
       if not plan2 then return infeasible(S, info) end
       plan, stats = plan2, stats2
     else
@@ -776,6 +833,18 @@ function M.plan(tables, profiles, budget, opts)
         plan, stats = plan2, stats2
       end
     end
+  end
+  if not plan then
+    if refused then return nil, refused end
+    return infeasible(S, info)
+  end
+  -- the searches hold at least what M.build counts on every rank (search.lua's held): a plan over
+  -- is the planner's bug, never handed on
+  local R = over_budget(plan)
+  if R then
+    error(("planner: internal: the plan found needs %s (%.0f bytes) of HBM on rank %d, over the budget of %s "
+      .. "(%.0f bytes); its caches' scratch %s"):format(fmt_bytes(R.hbm), R.hbm, R.rank, fmt_bytes(plan.data.budget),
+      plan.data.budget, fmt_bytes(R.device.cache_scratch)), 2)
   end
   stats.seconds = round(clock() - t0, 6)
   plan.data.search = stats
@@ -813,9 +882,10 @@ for _, k in ipairs({ "dense", "pipeline", "reserve" }) do DEVICE_PARTS[#DEVICE_P
 -- Over ranks, a rank's caches (one for its table- and column-wise shards, one for its row-wise
 -- ones: uvmrec.dist.sharded's collections), as the engine holds them: each scratches over every
 -- value its collection is given, its shards' of every placement (cost.cache_batch_scratch of
--- their lookups), and has one set of staging rows (cost.cache_staging).  The cached options
--- priced the search's room instead (each one's own values' scratch and staging rows), replaced
--- here; the search itself still holds only that room (docs/planner.md, HBM per rank).
+-- their lookups), and has one set of staging rows (cost.cache_staging).  The search held a cached
+-- shard's own values' scratch and staging rows (its room), and the other shards' shares of the
+-- scratch on a rank once the rank caches (planner.search's held): at least what is counted here,
+-- where the room is replaced (docs/planner.md, HBM per rank).
 local function rank_caches(S, best, ranks)
   local per = {}
   for i, it in ipairs(S.items) do
@@ -1139,7 +1209,8 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
   local env = { world = S.world, avail = S.avail, host = S.host_limit }
   local choice = {}
   for i = 1, #S.items do choice[i] = #S.items[i].options end
-  local part, perr = search.best_partition(S.items, choice, env)
+  -- no share of a rank's cache scratch held first, then held where that passes the budget (M.plan)
+  local part, perr = search.best_partition(S.world > 1 and relaxed(S) or S.items, choice, env)
   local host = 0
   for i, it in ipairs(S.items) do host = host + it.options[choice[i]].host end
   if part and S.host_limit and host > S.host_limit then
@@ -1188,6 +1259,20 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
   end
   local best = { choice = choice, part = part, cost = search.max_load(part) }
   local p = M.build(S, best, { method = "evaluated", edited = edited, seconds = 0 })
+  if over_budget(p) then
+    part, perr = search.best_partition(S.items, choice, env)
+    if not part then
+      return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),
+        no_room(S, choice, perr))
+    end
+    best = { choice = choice, part = part, cost = search.max_load(part) }
+    p = M.build(S, best, { method = "evaluated", edited = edited, seconds = 0 })
+    local R = over_budget(p)
+    if R then
+      error(("planner: internal: the plan evaluated needs %s of HBM on rank %d, over the budget of %s"):format(
+        fmt_bytes(R.hbm), R.rank, fmt_bytes(S.budget)), 2)
+    end
+  end
   -- the tables' own fixed settings stay flagged; choices applied here are the plan's
   for i, t in ipairs(p.data.tables) do
     local own = tables[i].fixed
