@@ -815,7 +815,7 @@ describe("planner plans", function()
   end)
 
   -- Over ranks a rank's cache scratches over every value its collection gets, its shards' of every
-  -- placement (uvmrec.dist.sharded), which the plan counts (beeef2c); the search holds a shard's
+  -- placement (uvmrec.dist.sharded), which the plan counts (bd4f512); the search holds a shard's
   -- share of it on a rank once the rank caches.  f1a702f counted each cached shard's own values:
   -- 30.3 MiB of scratch a rank here, its plan (5.945 ms) 2.056 and 2.066 GiB a rank with the
   -- scratch counted over every value, in 2 GiB.
