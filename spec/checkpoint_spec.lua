@@ -1110,6 +1110,11 @@ describe("uvmrec.checkpoint registry", function()
     edited("uvmrec.components", '"dense"', 'uvmrec.components is "dense"' .. names)
     edited("uvmrec.components", '{"dense":1}', 'uvmrec.components is {"dense":1}' .. names)
     edited("uvmrec.components", '["dense",{}]', "uvmrec.components[2] is {}" .. names)
+    -- a null, which decode makes a hole: [null] read as no components, ["dense",null] as one
+    edited("uvmrec.components", "[null]", "uvmrec.components[1] is null" .. names)
+    edited("uvmrec.components", '["dense",null]', "uvmrec.components[2] is null" .. names)
+    edited("uvmrec.config", "null", "uvmrec.config is null; expected a JSON object (the run's config)",
+      { config = config })
     edited("uvmrec.components", '["dense"', "uvmrec.components is not JSON (json: ']' expected near end of file "
       .. "at byte 8)" .. names)
     edited("uvmrec.config", "[1]", "uvmrec.config is [1]; expected a JSON object (the run's config)",

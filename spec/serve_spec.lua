@@ -853,11 +853,12 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     local tiny = h.exported("tiny", { tables = "int8" })
     local none, bad = with_config(tiny, "none", nil), with_config(tiny, "bad", "{\"train\":")
     local m = assert(serve.open(none, { device = "cpu" }))
-    assert.same({ nil, ("model file %s: its metadata has no uvmrec.config (the training run's config)"):format(none) },
+    assert.same({ nil, ("model file %s: its metadata has no uvmrec.config; expected a JSON object (the training "
+                        .. "run's config)"):format(none) },
                 { m:config() })
     m:close()
-    local missing = ("model file %s: its metadata has no uvmrec.config (the training run's config), which the "
-      .. "training run's held-out samples need"):format(none)
+    local missing = ("model file %s: its metadata has no uvmrec.config; expected a JSON object (the training run's "
+      .. "config), which the training run's held-out samples need"):format(none)
     local out, err, code = cmd.run(("predict %s --samples 3 --cpu"):format(none))
     assert.equal(1, code, out)
     assert.equal("uvmrec predict: " .. missing .. "\n", err)
@@ -867,7 +868,8 @@ describe("uvmrec predict and engine/examples/serve.c", function()
     out, err, code = cmd.run(("predict %s --data synthetic:tiny --samples 3 --cpu"):format(bad))
     assert.equal(1, code, out)
     assert.equal(("uvmrec predict: model file %s: uvmrec.config is not JSON (json: unexpected token near end of "
-      .. "file at byte 9), which --data synthetic:tiny needs\n"):format(bad), err)
+      .. "file at byte 9); expected a JSON object (the training run's config), which --data synthetic:tiny needs\n")
+      :format(bad), err)
     -- Criteo files need nothing of the training run's: scored as with the config (training's
     -- defaults for what it would set: eval.samples, eval.metrics, data.pad_missing_fields)
     local criteo = h.exported("criteo", { tables = "int8" })

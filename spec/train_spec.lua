@@ -412,6 +412,25 @@ describe("uvmrec train checkpoints", function()
       assert.matches("^%-%-resume: checkpoint .*/edited.safetensors: the meta of component '" .. comp .. "' has "
         .. ".*step.*; expected a whole number >= 0$", err)
     end
+    -- its components not a list of names: "init.lua:320: bad argument #1 to 'ipairs' (table expected,
+    -- got number)" (5), "... got string" ("shards"), read before the registry's own checks
+    for _, c in ipairs { { "5", "5" }, { '"shards"', '"shards"' }, { "[null]", nil, 1 } } do
+      local meta = {}
+      for k, v in pairs(st.meta) do meta[k] = v end
+      meta["uvmrec.components"] = c[1]
+      local edited = dir .. "/components.safetensors"
+      assert(ck.save(edited, { tensors = st.tensors, meta = meta }))
+      local want = ("checkpoint %s: uvmrec.components%s is %s; expected a JSON list of strings (the names of its "
+        .. "components)"):format(edited, c[3] and ("[" .. c[3] .. "]") or "", c[2] or "null")
+      r, err = run(sets_with(SYNTH, { "train.steps=6" }), { resume = edited })
+      assert.is_nil(r)
+      assert.equal("--resume: " .. want, err)
+      local ok, er, eerr = pcall(train.eval, tiny(sets_with(SYNTH, { "train.steps=6" })),
+                                 { checkpoint = edited, cpu = true, print = function() end })
+      assert.is_true(ok, tostring(er))
+      assert.is_nil(er)
+      assert.truthy(tostring(eerr):find(want, 1, true), tostring(eerr))
+    end
   end)
 
   it("stops at the step boundary after the interrupt flag rises, saving a checkpoint there", function()

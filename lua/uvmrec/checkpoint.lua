@@ -86,9 +86,9 @@ function file_methods:meta(key)
 end
 
 -- The kinds of JSON value meta_json checks for: what each says in a message and its test of a
--- decoded value (JSON's [] and {} decode alike: empty is either).
-local function is_list(v) return type(v) == "table" and (next(v) == nil or #v > 0) end
-local function is_object(v) return type(v) == "table" and #v == 0 end
+-- value decoded with its nulls as json.null (JSON's [] and {} decode alike: empty is either).
+local function is_list(v) return type(v) == "table" and v ~= json.null and (next(v) == nil or #v > 0) end
+local function is_object(v) return type(v) == "table" and v ~= json.null and #v == 0 end
 local META_KINDS = {
   object = { "a JSON object", is_object },
   list = { "a JSON list", is_list },
@@ -103,36 +103,40 @@ local function excerpt(v)
   return #text > 60 and text:sub(1, 57) .. "..." or text
 end
 
--- The value of metadata `key`, which its writer stored as JSON, checked to be of `kind` (a key
--- of META_KINDS; nil: any JSON), or nil and a message naming the file, the key and what was
--- expected.  opts: where (the file as the message names it; default "checkpoint PATH"), what
--- (what the key holds, for the message: "the names of its components"), default (the value
--- when the key is absent; without it an absent key is refused too).  A key that is there but not
--- JSON, or JSON of another kind, is never read as absent or empty: a file whose metadata was
--- damaged or written by another program would be read as holding nothing.
-function file_methods:meta_json(key, kind, opts)
+-- The value of metadata `key` of f (a checkpoint file, a model file: anything with meta(key)),
+-- which its writer stored as JSON, checked to be of `kind` (a key of META_KINDS; nil: any JSON),
+-- or nil and a message naming the file, the key and what was expected.  opts: where (the file as
+-- the message names it; default "checkpoint PATH"), what (what the key holds, for the message:
+-- "the names of its components"), default (the value when the key is absent; without it an
+-- absent key is refused too).  A key that is there but not JSON, or JSON of another kind (a null
+-- where a list's element or the value itself should be, too), is never read as absent or
+-- empty: a file whose metadata was damaged or written by another program would be read as
+-- holding nothing.  The value is decode's (nulls nil).  Also f:meta_json(key, kind, opts).
+function M.meta_json(f, key, kind, opts)
   opts = opts or {}
   local k = kind and (META_KINDS[kind] or error("meta_json: kind " .. tostring(kind) .. " is not one of object, list, "
     .. "list of strings, list of objects", 2))
-  local where = opts.where or ("checkpoint " .. self:path())
+  local where = opts.where or ("checkpoint " .. f:path())
   local want = (k and k[1] or "JSON") .. (opts.what and " (" .. opts.what .. ")" or "")
-  local text = self:meta(key)
+  local text = f:meta(key)
   if text == nil then
     if opts.default ~= nil then return opts.default end
     return nil, ("%s: its metadata has no %s; expected %s"):format(where, key, want)
   end
-  local v, jerr = json.decode(text)
+  -- checked with its nulls seen (decode's nil would leave a hole, [null] an empty list)
+  local seen, jerr = json.decode(text, { null = json.null })
   if jerr then return nil, ("%s: %s is not JSON (%s); expected %s"):format(where, key, jerr, want) end
-  if k and not k[2](v) then
-    return nil, ("%s: %s is %s; expected %s"):format(where, key, v == nil and "null" or excerpt(v), want)
+  if k and not k[2](seen) then
+    return nil, ("%s: %s is %s; expected %s"):format(where, key, excerpt(seen), want)
   end
-  for i = 1, k and k[3] and #v or 0 do
-    if not k[3](v[i]) then
-      return nil, ("%s: %s[%d] is %s; expected %s"):format(where, key, i, v[i] == nil and "null" or excerpt(v[i]), want)
+  for i = 1, k and k[3] and #seen or 0 do
+    if not k[3](seen[i]) then
+      return nil, ("%s: %s[%d] is %s; expected %s"):format(where, key, i, excerpt(seen[i]), want)
     end
   end
-  return v
+  return (json.decode(text))
 end
+file_methods.meta_json = M.meta_json
 
 -- A zero-copy host tensor over the file's bytes; it outlives close().  Writes to it stay in
 -- memory.  nil, message when the file has no such tensor.

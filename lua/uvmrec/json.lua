@@ -12,7 +12,8 @@
 -- beyond 2^53 are int64_t cdata, exact), or nil, message naming the byte where the text fails
 -- (an object holding a key twice fails too).
 -- null is JSON's null, for a value known to be missing (an AUC that one class leaves undefined);
--- decode gives nil for it.
+-- decode gives nil for it, or opts.null (decode(text, {null = json.null})) where a reader must
+-- see every element of a list, nulls too.
 -- read_lines(path) gives the values of a JSON-lines file; append_lines(path, v, ...) adds each
 -- value as one line to the end of one (a benchmark's --out), raising io.open's message when
 -- the file cannot be opened; lines(path) writes one made anew, a line at a time.
@@ -135,20 +136,20 @@ local T = { object = C.UR_JSON_OBJECT, array = C.UR_JSON_ARRAY, string = C.UR_JS
             integer = C.UR_JSON_INTEGER, real = C.UR_JSON_REAL, ["true"] = C.UR_JSON_TRUE,
             ["false"] = C.UR_JSON_FALSE }
 
-local function value(n)
+local function value(n, null)
   local t = C.ur_json_typeof(n)
   if t == T.object then
     local out = {}
     local it = C.ur_json_iter(n)
     while it ~= nil do
       local k = ffi.string(C.ur_json_iter_key(it, len), len[0])
-      out[k] = value(C.ur_json_iter_value(it))
+      out[k] = value(C.ur_json_iter_value(it), null)
       it = C.ur_json_iter_next(n, it)
     end
     return out
   elseif t == T.array then
     local out = {}
-    for i = 0, tonumber(C.ur_json_size(n)) - 1 do out[i + 1] = value(C.ur_json_item(n, i)) end
+    for i = 0, tonumber(C.ur_json_size(n)) - 1 do out[i + 1] = value(C.ur_json_item(n, i), null) end
     return out
   elseif t == T.string then
     local p = C.ur_json_string(n, len)
@@ -162,15 +163,16 @@ local function value(n)
   end
   if t == T["true"] then return true end
   if t == T["false"] then return false end
-  return nil
+  return null
 end
 
--- The value of JSON text, or nil, "json: <what> at byte N".
-function M.decode(text)
+-- The value of JSON text, or nil, "json: <what> at byte N".  opts: null (what a null gives;
+-- default nil).
+function M.decode(text, opts)
   if type(text) ~= "string" then error("json decode: expected a string, got " .. type(text), 2) end
   if C.ur_json_parse(box, text, #text) ~= 0 then return nil, ffi.string(C.ur_last_error()) end
   local root = box[0]
-  local ok, v = pcall(value, root)
+  local ok, v = pcall(value, root, opts and opts.null)
   C.ur_json_free(root)
   if not ok then error(v, 0) end
   return v

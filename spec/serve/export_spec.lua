@@ -358,10 +358,12 @@ with safe_open(sys.argv[1], "np") as f:
     local out = dir .. "/m.safetensors"
     local typed = json.decode(st.meta["uvmrec.config"])
     typed.eval = 5
+    local want = "; expected a JSON object (the training run's config)"
     for _, c in ipairs {
-      { "none", nil, "its metadata has no uvmrec.config (the training run's config)" },
-      { "bad", '{"train":', "uvmrec.config is not JSON (json: unexpected token near end of file at byte 9)" },
-      { "five", "5", "uvmrec.config is not a JSON object" },
+      { "none", nil, "its metadata has no uvmrec.config" .. want },
+      { "bad", '{"train":', "uvmrec.config is not JSON (json: unexpected token near end of file at byte 9)" .. want },
+      { "five", "5", "uvmrec.config is 5" .. want },
+      { "nulls", "null", "uvmrec.config is null" .. want },
       { "types", json.encode(typed), "uvmrec.config: eval: 5 is not a mapping" },
     } do
       st.meta["uvmrec.config"] = c[2]
@@ -621,16 +623,39 @@ with safe_open(sys.argv[1], "np") as f:
     .. "(uvmrec export)", function()
     -- SIGTERM ended the process where it stood, leaving OUT.tmp-XXXXXX, half written, beside OUT
     if not cmd.can_background() then return pending("env --default-signal (coreutils 8.31) is needed") end
-    -- a row a block (--chunk 1): some 25,000 blocks, seconds on this CPU
-    local t = h.trained("tiny")
+    -- a row a block (--chunk 1) of a run whose C16 has 300,000 rows: some 325,000 blocks, about 3 s
+    -- on this CPU (dlrm_tiny's 25,000 took 0.25 s, a short window for the signal)
+    local rows = { 4, 10, 1000, 500, 30, 8, 200, 50, 3, 2000, 100, 5000, 60, 12, 300, 300000, 6, 150, 80, 4, 7000,
+                   15, 9, 400, 40, 120 }
+    local cfg = h.tiny { "train.steps=2", "train.batch_size=256", "eval.samples=1024", "eval.every=0", "eval.min_auc=0",
+                         "train.checkpoint_every=2", "embeddings.rows=" .. table.concat(rows, ",") }
+    local run_dir = cmd.tmpdir()
+    assert(require("uvmrec.train").run(cfg, { out = run_dir .. "/run", progress = "none", cpu = true,
+                                              print = function() end }))
     local outs, out_path = cmd.interrupted_writes(function(out)
-      return ("export %s --out %s --chunk 1"):format(cmd.quote(t.run), out)
+      return ("export %s --out %s --chunk 1"):format(cmd.quote(run_dir .. "/run"), out)
     end, "m.safetensors")
     for sig, out in pairs(outs) do
       assert.truthy(out:find(("uvmrec export: interrupted by SIG%s; %s not written (its temporary file removed)\n")
         :format(sig, out_path), 1, true), out)
     end
     cmd.rmdir(out_path:match("^(.*)/"))
+    cmd.rmdir(run_dir)
+  end)
+
+  it("stops between blocks when the interrupt flag is up, abandoning its file (uvmrec.serve.export)", function()
+    -- the library's message, without the command's: "export: export: interrupted ..." at 9c8390e
+    local t = h.trained("tiny")
+    local dir = cmd.tmpdir()
+    local C = require("uvmrec.lib").C
+    C.ur_interrupt_set(1)
+    local ok, r, err = pcall(export.run, t.run, { out = dir .. "/m.safetensors" })
+    C.ur_interrupt_set(0)
+    assert.is_true(ok, tostring(r))
+    assert.is_nil(r)
+    assert.equal("export: interrupted at table C1's row 0 of 4", err)
+    assert.same({}, require("uvmrec.lib").dir_list(dir, "", ""))
+    cmd.rmdir(dir)
   end)
 
   it("writes bf16 dense weights when asked", function()

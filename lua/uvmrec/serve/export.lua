@@ -376,7 +376,7 @@ function M.run(source, opts)
         -- the interrupt flag (SIGINT or SIGTERM where the command catches them, as uvmrec export
         -- does) stops it between blocks: the file is abandoned, its temporary file removed
         if lib.C.ur_interrupt_get() ~= 0 then
-          return nil, ("export: interrupted at table %s's row %d of %d"):format(name, row0, r)
+          return nil, ("interrupted at table %s's row %d of %d"):format(name, row0, r)
         end
         local n = math.min(b.step, r - row0)
         local src = bufs[b.rows]:view_as(0, { n, e.dim })

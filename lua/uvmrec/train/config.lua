@@ -2,7 +2,6 @@
 -- with --set overrides, and the checks that span several values, each reported at the
 -- position of the value it blames (file:line:column, or the --set that gave it).
 local config = require "uvmrec.config"
-local json = require "uvmrec.json"
 
 local M = {}
 
@@ -444,21 +443,12 @@ function M.fill_defaults(cfg) return config.fill_defaults(cfg, M.schema) end
 -- between values (M.check) are not made: they may read what only the training machine has
 -- (a hint policy's file).
 function M.stored(f, where)
-  local text = f:meta("uvmrec.config")
-  local why
-  if not text then
-    why = "its metadata has no uvmrec.config (the training run's config)"
-  else
-    local cfg, err = json.decode(text)
-    if type(cfg) == "table" and (next(cfg) == nil or #cfg == 0) then
-      local bad = config.check_value(cfg, M.schema)
-      if not bad then return M.fill_defaults(cfg) end
-      why = "uvmrec.config: " .. bad
-    else
-      why = err and ("uvmrec.config is not JSON (%s)"):format(err) or "uvmrec.config is not a JSON object"
-    end
-  end
-  return nil, ("%s: %s"):format(where, why)
+  local cfg, err = require("uvmrec.checkpoint").meta_json(f, "uvmrec.config", "object",
+    { where = where, what = "the training run's config" })
+  if not cfg then return nil, err end
+  local bad = config.check_value(cfg, M.schema)
+  if bad then return nil, ("%s: uvmrec.config: %s"):format(where, bad) end
+  return M.fill_defaults(cfg)
 end
 
 -- Table sizes after the rows cap.

@@ -314,8 +314,10 @@ function M.load_checkpoint(ctx, path, ignore)
   if not file then return nil, err end
   local f, ferr = ck.open(file)
   if not f then return nil, ferr end
-  local names = json.decode(f:meta("uvmrec.components") or "[]") or {}
+  local names, nerr = f:meta_json("uvmrec.components", "list of strings",
+                                  { default = {}, what = "the names of its components" })
   f:close()
+  if not names then return nil, nerr end
   local has = {}
   for _, n in ipairs(names) do has[n] = true end
   local reg = ctx.registry
