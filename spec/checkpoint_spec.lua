@@ -296,14 +296,16 @@ describe("uvmrec.checkpoint files", function()
       end
     end
     assert.equal(tonumber(n), lines)
-    assert.equal(("-2 safetensors save: %s is written, but its folder was not synced: safetensors: out of host memory")
-      :format(path), last)
+    assert.equal(("-2 safetensors save: %s is written, but its directory was not synced: out of host memory for a copy "
+      .. "of its path (%d bytes)"):format(path, #path + 1), last)
     for _, want in ipairs {
       ": out of host memory for the list of its 3 tensors (N bytes)",
       ": out of host memory for a writer (N bytes)",
       ": out of host memory for its 3 tensors' entries (N bytes)",
       ": out of host memory for its path (N bytes)",
-      ": out of host memory for a copy of its 2 metadata entries (N bytes)",
+      ": out of host memory for the list of its 2 metadata entries (N bytes)",
+      ": out of host memory for a copy of metadata entry 0's key (N bytes)",
+      ": out of host memory for a copy of metadata entry 1's value (N bytes)",
       ": out of host memory for tensor 'table''s name (N bytes)",
       ": out of host memory for its header's checksum over 3 metadata pairs and 3 tensors (N bytes)",
       ": out of host memory for its header (N bytes)",

@@ -94,7 +94,9 @@ ur_status ur_dir_create(const char *path) {
 
 ur_status ur__sync_dir(const char *path, const char *what) {
   char *dir = strdup(path);
-  if (!dir) return ur__error(UR_STATUS_OOM, "%s: out of host memory", what);
+  if (!dir)
+    return ur__error(UR_STATUS_OOM, "%s: %s is written, but its directory was not synced: out of "
+                     "host memory for a copy of its path (%zu bytes)", what, path, strlen(path) + 1);
   char *slash = strrchr(dir, '/');
   if (!slash) strcpy(dir, ".");
   else if (slash == dir) dir[1] = 0;

@@ -527,11 +527,16 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
   w->meta_keys = calloc((size_t)nmeta + 1, sizeof *w->meta_keys);
   w->meta_values = calloc((size_t)nmeta + 1, sizeof *w->meta_values);
   int meta_ok = w->meta_keys && w->meta_values;
+  const char *lost = NULL; /* the metadata string whose copy failed, entry lost_at's key or value */
+  int32_t lost_at = -1;
   for (int32_t i = 0; meta_ok && i < nmeta; i++, w->nmeta = i) {
     /* kept for close, which writes the header again with the checksums (NULLs refused there) */
     w->meta_keys[i] = meta_keys[i] ? strdup(meta_keys[i]) : NULL;
     w->meta_values[i] = meta_values[i] ? strdup(meta_values[i]) : NULL;
-    meta_ok = (!meta_keys[i] || w->meta_keys[i]) && (!meta_values[i] || w->meta_values[i]);
+    if (meta_keys[i] && !w->meta_keys[i]) lost = meta_keys[i];
+    else if (meta_values[i] && !w->meta_values[i]) lost = meta_values[i];
+    if (lost) lost_at = i;
+    meta_ok = !lost;
   }
   if (!w->items || !w->slot || !w->path || !w->tmp || !meta_ok) {
     if (!w->items || !w->slot)
@@ -539,9 +544,12 @@ ur_status ur_safetensors_writer_open(ur_safetensors_writer **out, ur_stream *str
                         "its %d tensors' entries", (int)n);
     else if (!w->path || !w->tmp)
       s = ur__no_memory("safetensors save: ", path, 2 * strlen(path) + 17, "its path");
-    else
+    else if (!lost)
       s = ur__no_memory("safetensors save: ", path, 2 * ((size_t)nmeta + 1) * sizeof(char *),
-                        "a copy of its %d metadata entries", (int)nmeta);
+                        "the list of its %d metadata entries", (int)nmeta);
+    else
+      s = ur__no_memory("safetensors save: ", path, strlen(lost) + 1, "a copy of metadata entry %d's %s",
+                        (int)lost_at, lost == meta_keys[lost_at] ? "key" : "value");
     ur_safetensors_writer_free(w);
     return s;
   }
@@ -713,9 +721,7 @@ ur_status ur_safetensors_writer_close(ur_safetensors_writer *w) {
                   w->tmp, w->path, strerror(errno), w->path);
     unlink(w->tmp);
   }
-  /* (the folder's own words name no file when its path cannot be copied) */
-  if (!s && (s = ur__sync_dir(w->path, "safetensors")) == UR_STATUS_OOM)
-    s = ur__error_cause(s, "safetensors save: %s is written, but its folder was not synced", w->path);
+  if (!s) s = ur__sync_dir(w->path, "safetensors save");
   ur_safetensors_writer_free(w);
   return s;
 }
