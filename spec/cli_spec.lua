@@ -175,6 +175,38 @@ describe("uvmrec.cli", function()
     command.rmdir(dir)
   end)
 
+  it("catches SIGINT and SIGTERM while a command works, failing it with 128 + the signal at its finish", function()
+    local dir = command.tmpdir()
+    command.spit(dir .. "/tool.lua", [[
+      local ffi = require "ffi"
+      ffi.cdef "int raise(int sig);"
+      local C = require("uvmrec.lib").C
+      local cmd = require("uvmrec.cli").command { name = "tool", summary = "a tool", { "--sig N", "", type = "whole" } }
+      local o = cmd:parse(arg)
+      local signals = cmd:catch_signals()
+      if o.sig > 0 then ffi.C.raise(o.sig) end
+      print("caught", signals.caught(), C.ur_interrupt_get())
+      -- the handlers given back, the flag down; the signal still said (finish reads it after)
+      C.ur_signals_catch(0)
+      print("after", C.ur_signals_caught(), C.ur_interrupt_get())
+      assert(C.ur_signals_catch(1) == 0)
+      print("again", C.ur_signals_caught())
+      if o.sig > 0 then ffi.C.raise(o.sig) end
+      signals.finish("; the work left undone")
+      print("finished")]])
+    for _, c in ipairs { { 15, "SIGTERM", 143 }, { 2, "SIGINT", 130 } } do
+      local out, err, code = command.run(command.quote(dir .. "/tool.lua") .. " --sig " .. c[1])
+      assert.equal(c[3], code, err)
+      -- ur_signals_catch(0) forgot the signal (after 0 0): read before it, one in between was lost
+      assert.equal(("caught\t%d\t1\nafter\t%d\t0\nagain\t0\n"):format(c[1], c[1]), out)
+      assert.equal(("uvmrec tool: interrupted by %s; the work left undone\n"):format(c[2]), err)
+    end
+    local out, err, code = command.run(command.quote(dir .. "/tool.lua") .. " --sig 0")
+    assert.equal(0, code, err)
+    assert.equal("caught\tnil\t0\nafter\t0\t0\nagain\t0\nfinished\n", out)
+    command.rmdir(dir)
+  end)
+
   it("runs a benchmark where --gpu or --cpu says, else on a GPU in use, and fails --gpu without one", function()
     local dir = command.tmpdir()
     command.spit(dir .. "/bench.lua", [[

@@ -264,7 +264,9 @@ UR_API int32_t ur_interrupt_get(void);
 /* on = 1: SIGINT and SIGTERM (unless the process inherited them ignored) only raise the
  * interrupt flag (ur_interrupt_get) and are remembered, instead of ending the process; each
  * handler is one-shot, so a second signal ends the process as usual.  on = 0: the previous
- * handlers come back.  Both clear the flag and the remembered signal. */
+ * handlers come back, after which ur_signals_caught still says what came before them (read it
+ * then: a signal between a read and the handlers' return is not lost).  Both clear the flag;
+ * on = 1 also the remembered signal. */
 UR_API ur_status ur_signals_catch(int32_t on);
 /* The signal caught since ur_signals_catch(1) (SIGINT 2, SIGTERM 15), or 0. */
 UR_API int32_t ur_signals_caught(void);

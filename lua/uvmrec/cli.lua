@@ -410,8 +410,10 @@ end
 -- command fails with exit 128 + the signal: "interrupted by SIGTERM" .. what.  A second signal
 -- ends the process at once (one-shot handlers), as SIGKILL does.
 function Command:catch_signals()
-  local C = require("uvmrec.lib").C
-  assert(require("uvmrec.lib").check(C.ur_signals_catch(1)))
+  local lib = require "uvmrec.lib"
+  local C = lib.C
+  local ok, err = lib.check(C.ur_signals_catch(1))
+  if not ok then self:fail(err) end
   local function caught()
     local sig = C.ur_signals_caught()
     return sig ~= 0 and sig or nil
@@ -419,9 +421,10 @@ function Command:catch_signals()
   return {
     caught = caught,
     finish = function(what)
-      local sig = caught()
-      -- the handlers as they were, and the flag down (a failure with it up exits 130, SIGINT's)
+      -- the handlers as they were and the flag down (a failure with it up exits 130, SIGINT's),
+      -- then the signal read: one caught up to the handlers' return is still said
       C.ur_signals_catch(0)
+      local sig = caught()
       if sig then
         self:fail(("interrupted by %s%s"):format(require("uvmrec.lib").signal_name(sig), what or ""), 128 + sig)
       end

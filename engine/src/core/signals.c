@@ -34,9 +34,9 @@ ur_status ur_signals_catch(int32_t on) {
       installed[i] = 0;
     }
   }
-  last_signal = 0;
   ur_interrupt_set(0);
-  if (!on) return UR_STATUS_OK;
+  if (!on) return UR_STATUS_OK; /* last_signal kept: read after the handlers are back */
+  last_signal = 0;
   for (int i = 0; i < 2 && !s; i++) {
     struct sigaction old, sa;
     if (sigaction(caught_signals[i], NULL, &old)) {
