@@ -16,6 +16,14 @@ local function scratch(name)
 end
 
 local write_file = command.spit
+
+-- good's tensors saved at path with its metadata, but key set to value (nil: left out).
+local function saved_with(path, good, key, value)
+  local meta = {}
+  for k, v in pairs(good.meta) do meta[k] = v end
+  meta[key] = value
+  assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+end
 local function read_file(path) return assert(command.slurp(path)) end
 
 local function le64(n)
@@ -1045,10 +1053,7 @@ describe("uvmrec.checkpoint registry", function()
     assert(reg:save(path, { step = 3 }))
     local good = assert(ck.load(path))
     local function edited(key, value, want)
-      local meta = {}
-      for k, v in pairs(good.meta) do meta[k] = v end
-      meta[key] = value
-      assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+      saved_with(path, good, key, value)
       local before = m.w:totable()
       m.step = nil
       local r, err = reg:load(path)
@@ -1066,10 +1071,7 @@ describe("uvmrec.checkpoint registry", function()
     edited("uvmrec.meta.dense", '{"step":3,"samples":1.5}', "the meta of component 'dense' has samples 1.5; "
       .. "expected a whole number >= 0")
     -- a file without a step (saved by hand) is at step 0, as save writes one not given
-    local meta = {}
-    for k, v in pairs(good.meta) do meta[k] = v end
-    meta["uvmrec.step"] = nil
-    assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+    saved_with(path, good, "uvmrec.step", nil)
     assert.equal(0, assert(reg:load(path)).step)
     assert.equal(3, m.step)
     local ok, e = pcall(reg.register, reg, { name = "x", whole = "step", state = function() end })
@@ -1094,10 +1096,7 @@ describe("uvmrec.checkpoint registry", function()
     assert(reg:save(path, { step = 3, config = config, rng = { seed = 1 } }))
     local good = assert(ck.load(path))
     local function edited(key, value, want, opts)
-      local meta = {}
-      for k, v in pairs(good.meta) do meta[k] = v end
-      meta[key] = value
-      assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+      saved_with(path, good, key, value)
       local before = m.w:totable()
       m.step = nil
       local ok, r, err = pcall(reg.load, reg, path, opts)
@@ -1127,10 +1126,7 @@ describe("uvmrec.checkpoint registry", function()
     edited("uvmrec.meta.dense", "step", "uvmrec.meta.dense is not JSON (json: invalid token near 'step' at byte 4); "
       .. "expected a JSON object (component 'dense''s meta)")
     -- absent: no components, no config or rng, a component's meta empty, as before
-    local meta = {}
-    for k, v in pairs(good.meta) do meta[k] = v end
-    meta["uvmrec.rng"] = nil
-    assert(ck.save(path, { tensors = good.tensors, meta = meta }))
+    saved_with(path, good, "uvmrec.rng", nil)
     local r = assert(reg:load(path))
     assert.is_nil(r.rng)
     assert.same({}, r.unused)
