@@ -1042,26 +1042,37 @@ describe("uvmrec.checkpoint registry", function()
     assert.matches("cannot open", err)
   end)
 
-  it("names a step, or a component's meta key that must be a whole number, that is not one (a file edited by hand)",
-    function()
+  -- A registry whose component "dense" keeps meta (whole: the keys it checks), saved once with
+  -- save_opts; edited(key, value, want, load_opts) saves that file again with metadata key set to
+  -- value and checks that its load refuses it with "checkpoint PATH: " .. want, loading nothing.
+  -- Returns edited and the file {m, reg, path, good}.
+  local function edits_refused(name, meta, whole, save_opts)
     local m, reg = model(1)
     reg:unregister("dense")
-    reg:register { name = "dense", whole = { "step", "samples" }, state = function()
-      return { tensors = { w = m.w, bias = m.bias }, meta = { step = 3, samples = 96 } }
-    end, load = function(_, meta) m.step = meta.step end }
-    local path = scratch("meta.safetensors")
-    assert(reg:save(path, { step = 3 }))
+    reg:register { name = "dense", whole = whole, state = function()
+      return { tensors = { w = m.w, bias = m.bias }, meta = meta }
+    end, load = function(_, got) m.step = got.step end }
+    local path = scratch(name)
+    assert(reg:save(path, save_opts))
     local good = assert(ck.load(path))
-    local function edited(key, value, want)
+    local function edited(key, value, want, load_opts)
       saved_with(path, good, key, value)
       local before = m.w:totable()
       m.step = nil
-      local r, err = reg:load(path)
+      local ok, r, err = pcall(reg.load, reg, path, load_opts)
+      assert.is_true(ok, tostring(r))
       assert.is_nil(r)
       assert.equal("checkpoint " .. path .. ": " .. want, err)
       assert.same(before, m.w:totable())
       assert.is_nil(m.step)
     end
+    return edited, { m = m, reg = reg, path = path, good = good }
+  end
+
+  it("names a step, or a component's meta key that must be a whole number, that is not one (a file edited by hand)",
+    function()
+    local edited, f = edits_refused("meta.safetensors", { step = 3, samples = 96 }, { "step", "samples" }, { step = 3 })
+    local m, reg, path, good = f.m, f.reg, f.path, f.good
     edited("uvmrec.step", "abc", 'uvmrec.step is "abc"; expected a whole number from 0 to below 2^53')
     edited("uvmrec.step", "-1", 'uvmrec.step is "-1"; expected a whole number from 0 to below 2^53')
     edited("uvmrec.meta.dense", '{"step":"3","samples":96}',
@@ -1087,25 +1098,9 @@ describe("uvmrec.checkpoint registry", function()
     -- meta [3] as one without its keys ("has no step"), uvmrec.config [1] compared as a config
     -- ("config differs at 7 keys: [1] ..."); text not JSON was "uvmrec.rng is not valid: json: ...",
     -- without what was expected
-    local m, reg = model(1)
-    reg:unregister("dense")
-    reg:register { name = "dense", whole = { "step" }, state = function()
-      return { tensors = { w = m.w, bias = m.bias }, meta = { step = 3 } }
-    end, load = function(_, meta) m.step = meta.step end }
-    local path = scratch("json.safetensors")
-    assert(reg:save(path, { step = 3, config = config, rng = { seed = 1 } }))
-    local good = assert(ck.load(path))
-    local function edited(key, value, want, opts)
-      saved_with(path, good, key, value)
-      local before = m.w:totable()
-      m.step = nil
-      local ok, r, err = pcall(reg.load, reg, path, opts)
-      assert.is_true(ok, tostring(r))
-      assert.is_nil(r)
-      assert.equal("checkpoint " .. path .. ": " .. want, err)
-      assert.same(before, m.w:totable())
-      assert.is_nil(m.step)
-    end
+    local edited, f = edits_refused("json.safetensors", { step = 3 }, { "step" },
+                                    { step = 3, config = config, rng = { seed = 1 } })
+    local m, reg, path, good = f.m, f.reg, f.path, f.good
     local names = "; expected a JSON list of strings (the names of its components)"
     edited("uvmrec.components", "5", "uvmrec.components is 5" .. names)
     edited("uvmrec.components", '"dense"', 'uvmrec.components is "dense"' .. names)
