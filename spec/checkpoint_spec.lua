@@ -1117,6 +1117,8 @@ describe("uvmrec.checkpoint registry", function()
       { config = config })
     edited("uvmrec.rng", "{", "uvmrec.rng is not JSON (json: string or '}' expected near end of file at byte 1); "
       .. "expected JSON (the run's random state)")
+    -- null, which decode makes nil: read as no random state
+    edited("uvmrec.rng", "null", "uvmrec.rng is null; expected JSON (the run's random state)")
     edited("uvmrec.meta.dense", "[3]", "uvmrec.meta.dense is [3]; expected a JSON object (component 'dense''s meta)")
     edited("uvmrec.meta.dense", "step", "uvmrec.meta.dense is not JSON (json: invalid token near 'step' at byte 4); "
       .. "expected a JSON object (component 'dense''s meta)")

@@ -91,7 +91,7 @@ local function is_list(v) return type(v) == "table" and v ~= json.null and (next
 local function is_object(v) return type(v) == "table" and v ~= json.null and #v == 0 end
 local META_KINDS = {
   object = { "a JSON object", is_object },
-  list = { "a JSON list", is_list },
+  list = { "a JSON list", is_list, function(v) return v ~= json.null end },
   ["list of strings"] = { "a JSON list of strings", is_list, function(v) return type(v) == "string" end },
   ["list of objects"] = { "a JSON list of objects", is_list, is_object },
 }
@@ -109,7 +109,7 @@ end
 -- the message names it; default "checkpoint PATH"), what (what the key holds, for the message:
 -- "the names of its components"), default (the value when the key is absent; without it an
 -- absent key is refused too).  A key that is there but not JSON, or JSON of another kind (a null
--- where a list's element or the value itself should be, too), is never read as absent or
+-- for the value itself or a list's element, too), is never read as absent or
 -- empty: a file whose metadata was damaged or written by another program would be read as
 -- holding nothing.  The value is decode's (nulls nil).  Also f:meta_json(key, kind, opts).
 function M.meta_json(f, key, kind, opts)
@@ -126,7 +126,7 @@ function M.meta_json(f, key, kind, opts)
   -- checked with its nulls seen (decode's nil would leave a hole, [null] an empty list)
   local seen, jerr = json.decode(text, { null = json.null })
   if jerr then return nil, ("%s: %s is not JSON (%s); expected %s"):format(where, key, jerr, want) end
-  if k and not k[2](seen) then
+  if seen == json.null or k and not k[2](seen) then
     return nil, ("%s: %s is %s; expected %s"):format(where, key, excerpt(seen), want)
   end
   for i = 1, k and k[3] and #seen or 0 do
