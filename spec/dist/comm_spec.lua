@@ -74,7 +74,16 @@ describe("uvmrec.dist communicators", function()
       local t = ur.tensor({ 2 }):fill(1)
       assert(comm:all_reduce(t))
       assert(comm:wait())
-      print("sum", t[0])
+      -- one rank's line after the other's: under mpirun the ranks' outputs reach it by pipes of
+      -- their own, and once (a fresh-clone CI, 2026-12-07) rank 0's "sum" line landed inside
+      -- rank 1's ("[rank 1] sumsum\t2\n\t2")
+      if r == 0 then
+        print("sum", t[0])
+        io.stdout:flush()
+      end
+      assert(comm:barrier())
+      assert(comm:wait())
+      if r == 1 then print("sum", t[0]) end
     ]])
     local out, err, code = command.sh(("UVMREC_COMM_CHECK=1 %s launch -n 2 %s"):format(command.bin(), script))
     assert.equal(0, code, out .. err)
