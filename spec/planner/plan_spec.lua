@@ -867,6 +867,79 @@ describe("planner plans", function()
       .. "without a cache: none$", err)
   end)
 
+  -- The budget a refusal names plans: over ranks min_budget's bound holds no share of a rank's
+  -- cache scratch, and it named 1.86 GiB as fitting where 1.86 to 1.92 GiB were refused.
+  it("names a least budget that plans, or says it is a bound, where a rank holds shares of its cache's scratch",
+     function()
+    local train = require "uvmrec.train"
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=131072",
+      "embeddings.tables.C3.placement=cached", "embeddings.tables.C3.cache.load_factor=0.1",
+      "embeddings.tables.C21.placement=cached", "embeddings.tables.C21.cache.load_factor=0.1" }))
+    local prob = assert(planner.from_config(cfg, { world = 2 }))
+    local function opts() return { world = 2, batch = prob.batch, calibration = cal, dense = prob.dense,
+                                   loader = prob.loader } end
+    local none, err, info = planner.plan(prob.tables, prob.profiles, "1GiB", opts())
+    assert.is_nil(none)
+    assert.matches("alone take", err, 1, true)
+    assert.not_matches("would fit", err, 1, true)
+    local bound, least = assert(info.bound), assert(info.least_budget)
+    assert.matches(("; no budget under %s (%d bytes) fits; a budget of %s (%d bytes) plans, once a rank that caches "
+      .. "holds its shards' shares of its cache's scratch (%%d+ bytes do not)$"):format(planner.fmt_bytes(bound),
+      bound, planner.fmt_bytes(least), least):gsub("%.", "%%."):gsub("%(", "%%("):gsub("%)", "%%)")
+      :gsub("%%%%d%+", "%%d+"), err)
+    assert.is_nil(planner.plan(prob.tables, prob.profiles, bound, opts()))
+    assert.truthy(planner.plan(prob.tables, prob.profiles, least, opts()))
+    local lo = tonumber(err:match("%((%d+) bytes do not%)$"))
+    assert.is_nil(planner.plan(prob.tables, prob.profiles, lo, opts()))
+    assert.is_true(least - lo <= math.max(2 ^ 20, 5e-3 * least))
+  end)
+
+  -- Plan:with and evaluate partition the choices with no share held first, then holding the
+  -- shares where that passes the budget: a refusal's shortfall is the shard's and the share's
+  -- (it said "-87.5 MiB short of T2's table_wise device shard of 16.1 MiB", the share left out),
+  -- and the held partition's clash of widths is worded as the first's (it raised "bad argument #1
+  -- to 'abs'": planner_fuzz's seed 144).
+  it("refuses edits over ranks naming the shard's share of a rank's cache scratch and its shortfall", function()
+    local scal = assert(planner.calib.load("spec/fixtures/calib_h200_figures.json"))
+    local tabs = {
+      { name = "T1", rows = 2000000, dim = 64, optimizer = "sgd", hot = 1 },
+      { name = "T2", rows = 1000, dim = 16, optimizer = "sgd", hot = 5 },
+      { name = "T3", rows = 100000, dim = 16, optimizer = "sgd", hot = 1 },
+    }
+    local profs = {}
+    for _, t in ipairs(tabs) do profs[t.name] = planner.profile.zipf { rows = t.rows, s = 1.05 } end
+    local o = { world = 2, batch = 65536, calibration = scal, reserve = 0 }
+    local choices = { { placement = "cached", sharding = "table_wise", rank = 0, load_factor = 0.2 },
+                      { placement = "device", sharding = "table_wise", rank = 0 },
+                      { placement = "device", sharding = "table_wise", rank = 1 } }
+    local p = assert(planner.evaluate(tabs, profs, "1TiB", o, choices)).data
+    local r0, t2 = p.ranks[1], p.tables[2]
+    local share = planner.cost.cache_batch_scratch(t2.lookups_per_step)
+    for _, f in ipairs({ 0.3, 0.6, 0.9 }) do
+      local b = math.floor(r0.hbm - f * 131e6)
+      local none, err = planner.evaluate(tabs, profs, b, o, choices)
+      assert.is_nil(none)
+      local left, short, sh, sc = err:match("^plan: these choices do not fit [%d.]+ MiB per rank: rank 0 %(table T2's "
+        .. "rank%) has ([%d.]+) MiB left beside T1, ([%d.]+) MiB short of T2's table_wise device shard of ([%d.]+) MiB "
+        .. "and its share of rank 0's cache scratch %(held once the rank caches%), ([%d.]+) MiB$")
+      assert.truthy(left, err)
+      assert.near(tonumber(sh) + tonumber(sc) - tonumber(left), tonumber(short), 0.11)
+      assert.near(share / 2 ^ 20, tonumber(sc), 0.06)
+      -- the shortfall is the bytes over the budget on rank 0
+      assert.near((r0.hbm - b) / 2 ^ 20, tonumber(short), 0.06)
+    end
+    package.path = "spec/support/?.lua;" .. package.path
+    local fuzz = require "planner_fuzz"
+    local ftabs, fprofs, W, budget = fuzz.fuzz(144)
+    local fp = assert(planner.plan(ftabs, fprofs, budget, fuzz.opts(W, "greedy")))
+    local none, err = fp:with("T1", { placement = "cached", sharding = "row_wise" })
+    assert.is_nil(none)
+    assert.matches("^plan: the partitioner found no arrangement of these choices' cached tables on the 2 ranks that "
+      .. "keeps one row width a rank's cache %(the engine's cache refuses two%) and fits 58%.0 MiB per rank once a "
+      .. "rank that caches holds its shards' shares of its cache's scratch %(the one found without them does not%): ",
+      err)
+  end)
+
   it("counts the synthetic loader's values a sample, and prices its batches with the calibration's rate", function()
     local train = require "uvmrec.train"
     local cfg = assert(train.config.load(assert(train.find_config("dlrm_tiny")), { "train.batch_size=512" }))

@@ -462,8 +462,13 @@ describe("planner.search", function()
     local tables, profiles = tables_of(300, 7)
     local opts = { world = 8, batch = 4096, calibration = cal }
     local cost = planner.cost
-    local option, calls = cost.option, 0
-    cost.option = function(...) calls = calls + 1 return option(...) end
+    -- (the choices priced at 8 ranks: the refusal plans the budget it names, at 8 ranks)
+    local option, calls, other = cost.option, 0, 0
+    cost.option = function(t, ctx, ...)
+      calls = calls + 1
+      if ctx.world ~= 8 then other = other + 1 end
+      return option(t, ctx, ...)
+    end
     local okf, fit = pcall(planner.plan, tables, profiles, "1TiB", opts)
     local priced = calls
     calls = 0
@@ -474,8 +479,10 @@ describe("planner.search", function()
     assert.is_nil(p)
     assert.is_nil(info.gpus)
     assert.matches("more GPUs do not bring it down", err, 1, true)
-    -- as many choices as one plan at 8 ranks prices: none at any other world
-    assert.is_true(calls <= priced, ("%d choices priced against %d"):format(calls, priced))
+    -- as many choices as two plans at 8 ranks price (the refusal's and the budget it names,
+    -- planned): none at any other world
+    assert.equal(0, other)
+    assert.is_true(calls <= 2 * priced, ("%d choices priced against %d"):format(calls, priced))
   end)
 
   it("keeps and flags a table's fixed settings, and holds host memory to the given size", function()

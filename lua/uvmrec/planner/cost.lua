@@ -288,13 +288,15 @@ function M.option(t, ctx, opt)
   -- which hands its cache every shard's values, cached or not (uvmrec.dist.sharded's prepare;
   -- engine/src/embedding/cache.c's prepare_batch sizes the scratch over them).  A cached shard
   -- holds the scratch over its own values (o.room, in its cache_scratch); a shard of another
-  -- placement has its share (o.share, whole bytes rounded up: sums of them are exact), which
+  -- placement has its share (o.share); both whole bytes rounded up, so that their sums are exact
+  -- and hold at least the scratch planner.build sums over the rank's values (o.room unrounded
+  -- left the search ulps short of it, and planner.plan's check of its budget could fail), which
   -- the search holds on a rank only once that rank's collection caches a shard (planner.search);
   -- planner.build counts the rank's cache over all its collection's values (o.lookups of every
   -- shard of the kind), once.
   if ctx.world > 1 and sharding ~= "data_parallel" then
     if place == "cached" then
-      o.room = M.cache_batch_scratch(Ls, ctx)
+      o.room = ceil(M.cache_batch_scratch(Ls, ctx))
       mem.device.cache_scratch = mem.device.cache_scratch + o.room
     else
       o.share = ceil(M.cache_batch_scratch(Ls, ctx))

@@ -588,26 +588,89 @@ local function width_failure(S, info, need)
       .. "sharding for a table cached in every choice)")
 end
 
+local plan_at -- (M.plan's search; below)
+
+-- Whether a plan of S's tables fits `budget` on W ranks (S.world by default): the greedy search's
+-- (the exhaustive finds one wherever it does).
+local function plans(S, budget, W)
+  local o = {}
+  for k, v in pairs(S.opts) do o[k] = v end
+  o.search, o.world = "greedy", W or S.world
+  return plan_at(S.input_tables, S.profiles, budget, o, true) ~= nil
+end
+
+-- Over ranks where a table may be cached, min_budget's bound holds no rank's shares of its cache's
+-- scratch (items.relaxed): a budget it names may not plan (dlrm_kaggle with C3 and C21 cached on 2
+-- ranks: 1.86 GiB named as fitting, 1.86 to 1.92 GiB refused, 1.95 GiB planned).  The least budget
+-- that plans, found by planning from the bound up (1/64 more, doubled, up to 3 times it), then by
+-- bisection to a MiB or 0.5%: hi (nil where none up to 3 times the bound plans) and lo, the
+-- greatest budget tried that does not; at most 15 plans.
+local function least_planned(S, from)
+  if plans(S, from) then return from, nil end
+  local lo, hi, step = from, nil, 1 / 64
+  for _ = 1, 8 do
+    local b = math.ceil(from * (1 + step))
+    if plans(S, b) then hi = b break end
+    lo, step = b, step * 2
+  end
+  if not hi then return nil, lo end
+  for _ = 1, 6 do
+    if hi - lo <= math.max(2 ^ 20, 5e-3 * hi) then break end
+    local mid = math.floor((lo + hi) / 2)
+    if plans(S, mid) then hi = mid else lo = mid end
+  end
+  return hi, lo
+end
+
+-- The least budget infeasible names, from min_budget's bound: checked (a format of the budget and
+-- its bytes) where it plans, else bound (the same, as a bound) and the least budget that planned
+-- (least_planned), where a rank may hold shares of its cache's scratch (over ranks, a table that
+-- may be cached).  Each plan prices every table again: past 256 tables x ranks (search_spec's 300
+-- tables on 8 ranks: 0.5 s a plan, 3.2 s for least_planned's 6 against 0.15 s for the refusal)
+-- only the bound is planned.  Returns the words and the budget that plans (nil: none found).
+local function least_named(S, least, checked, bound)
+  if not (S.world > 1 and S.fixed.cache_shares) then return checked:format(fmt_bytes(least), least), least end
+  local hi, lo
+  if #S.items * S.world <= 256 then
+    hi, lo = least_planned(S, least)
+  else
+    hi, lo = plans(S, least) and least or nil, least
+  end
+  if hi == least then return checked:format(fmt_bytes(least), least), least end
+  local held = "once a rank that caches holds its shards' shares of its cache's scratch"
+  if not hi and lo == least then
+    return ("%s, and %s does not plan %s"):format(bound:format(fmt_bytes(least), least), fmt_bytes(least), held),
+      nil
+  elseif not hi then
+    return ("%s, and none up to %s (%d bytes) plans %s"):format(bound:format(fmt_bytes(least), least),
+      fmt_bytes(lo), lo, held), nil
+  end
+  return ("%s; a budget of %s (%d bytes) plans, %s (%d bytes do not)"):format(bound:format(fmt_bytes(least), least),
+    fmt_bytes(hi), hi, held, lo), hi
+end
+
 local function infeasible(S, info)
   local need, fixed, pinned = min_budget(S, S.world)
   local lines = {}
   if S.fixed_total >= S.budget then
-    local least = least_budget(S, need)
+    local bound = least_budget(S, need)
+    local named, least = least_named(S, bound, "a budget of at least %s (%d bytes) would fit",
+      "no budget under %s (%d bytes) fits")
     -- on one rank, room for a cache's scratch over the whole batch and its staging rows where a
     -- table may be cached (over ranks each cached table counts its own values and staging instead)
     local cache = S.fixed.cache_room
     lines[#lines + 1] = ("planner: the model cannot fit: the dense part, the pipeline's buffers%s and the reserve "
       .. "alone take %s of each rank's %s HBM budget (dense %s; pipeline %s;%s reserve %s), and every rank holds "
-      .. "%s; a budget of at least %s (%d bytes) would fit"):format(
+      .. "%s; %s"):format(
       cache and ", a cache's scratch and staging rows" or "", fmt_bytes(S.fixed_total), fmt_bytes(S.budget),
       dense_parts(S), fmt_bytes(S.fixed.pipeline),
       cache and (" a cache's scratch over the batch's values and staging rows %s (kept while a table may be "
         .. "cached);"):format(fmt_bytes(cache)) or "",
       fmt_bytes(S.fixed.reserve),
       cache and "all but the cache's room: more GPUs do not help with the rest" or "them: more GPUs do not help",
-      fmt_bytes(least), least)
+      named)
     return nil, table.concat(lines, "\n"), { shortfall = need - S.budget, min_budget = need, least_budget = least,
-                                             dense = S.fixed.dense }
+                                             bound = bound, dense = S.fixed.dense }
   end
   if need > S.budget then
     local gpus
@@ -630,11 +693,18 @@ local function infeasible(S, info)
         gpus = hi
       end
     end
+    local named, least = least_named(S, need, "the smallest budget that fits is %s", "no budget under %s fits")
     local msg = ("planner: the model cannot fit in %s of HBM per rank on %s: with every table at its "
-      .. "smallest choice a rank needs %s (tables %s, fixed %s), %s short; the smallest budget that fits is %s")
+      .. "smallest choice a rank needs %s (tables %s, fixed %s), %s short; %s")
       :format(fmt_bytes(S.budget), things(S.world, "rank"), fmt_bytes(need), fmt_bytes(need - fixed),
-        fmt_bytes(fixed), fmt_bytes(need - S.budget), fmt_bytes(need))
-    if gpus then
+        fmt_bytes(fixed), fmt_bytes(need - S.budget), named)
+    -- (the world's bound, like the budget's, holds no shares of a cache's scratch: where a table may
+    -- be cached, the world named is planned)
+    if gpus and (S.fixed.cache_shares or S.fixed.cache_room) and not plans(S, S.budget, gpus) then
+      msg = msg .. ("; fewer than %d GPUs cannot fit at this budget (every table at its smallest choice, a rank's "
+        .. "cache scratch aside), and %d did not plan"):format(gpus, gpus)
+      gpus = nil
+    elseif gpus then
       msg = msg .. (", or %d GPUs at this budget"):format(gpus)
     elseif S.calib:has("alltoall") and #pinned > 0 then
       msg = msg .. ("; more GPUs do not bring it down: the fullest rank, %d, holds %s fixed to it (%s%s)")
@@ -645,7 +715,7 @@ local function infeasible(S, info)
     else
       msg = msg .. " (more GPUs: the calibration has no collective rates to plan them)"
     end
-    return nil, msg, { shortfall = need - S.budget, min_budget = need, gpus = gpus }
+    return nil, msg, { shortfall = need - S.budget, min_budget = need, least_budget = least, gpus = gpus }
   end
   -- HBM would do: host memory is short, where given, or one width a cache (width_failure).
   -- "Then" is at each table's smallest choice (the HBM above): the least host memory of any
@@ -681,12 +751,21 @@ local AUTO_EXHAUSTIVE, MAX_NODES = 2e5, 5e7
 
 local function round(x, d) local m = 10 ^ (d or 6) return math.floor(x * m + 0.5) / m end
 
--- The first rank whose HBM, as M.build counts it, passes the plan's budget (nil where none does).
-local function over_budget(plan)
+-- The first rank whose HBM, as M.build counts it, passes the plan's budget by more than tol of it
+-- (0: any; nil where none does).
+local function over_budget(plan, tol)
   for _, R in ipairs(plan.data.ranks) do
-    if R.hbm > plan.data.budget then return R end
+    if R.hbm > plan.data.budget * (1 + (tol or 0)) then return R end
   end
 end
+
+-- The budget checks' tolerance (M.plan's and evaluate's of the plans they hand on, and
+-- Plan:over_budget's of a plan applied): the search sums a rank's bytes shard by shard (each
+-- shard's parts first), M.build part by part over the shards, so the same bytes may differ in their
+-- last bits (a sum of n terms by n ulps at most: 1e-13 of it for a thousand shards); a plan over
+-- by less is the same plan, neither the planner's bug nor one to refuse.  (Under a byte up to a TiB:
+-- a plan edited one byte over is refused.)
+local SUMS = 1e-12
 
 -- S's items, the same options, searched with no rank holding its shares of its cache's scratch
 -- (search.lua's items.relaxed; M.plan).
@@ -711,7 +790,8 @@ end
 -- calibration), fractions, depth, loader ({values = a sample's}: the synthetic loader's batches
 -- in the step), hints_every (steps between the managed tables' hint intervals: 100), sms (the
 -- GPU's multiprocessors, which size the dense ops' workspaces: an H200's 132).
-function M.plan(tables, profiles, budget, opts)
+-- probe (plans): a search's failure is nil, no message (infeasible plans again to find its figures).
+function plan_at(tables, profiles, budget, opts, probe)
   opts = opts or {}
   local clock = require("uvmrec.lib").C.ur_clock_seconds
   local t0 = clock()
@@ -781,6 +861,7 @@ function M.plan(tables, profiles, budget, opts)
       if m then error(two_widths(S, best.choice, m, "planner: internal: the search cached"), 2) end
       plan = M.build(S, best, stats)
     elseif not S.fixed.cache_room then
+      if probe then return nil end
       return infeasible(S, info)
     end
   end
@@ -823,7 +904,7 @@ function M.plan(tables, profiles, budget, opts)
   end
   if cached then
     if not plan then
-      if not plan2 and refused then return nil, refused .. "; the plan without a cache: none" end
+      if not plan2 and (refused or probe) then return nil, refused and refused .. "; the plan without a cache: none" end
       if not plan2 then return infeasible(S, info) end
       plan, stats = plan2, stats2
     else
@@ -836,11 +917,12 @@ function M.plan(tables, profiles, budget, opts)
   end
   if not plan then
     if refused then return nil, refused end
+    if probe then return nil end
     return infeasible(S, info)
   end
   -- the searches hold at least what M.build counts on every rank (search.lua's held): a plan over
   -- is the planner's bug, never handed on
-  local R = over_budget(plan)
+  local R = over_budget(plan, SUMS)
   if R then
     error(("planner: internal: the plan found needs %s (%.0f bytes) of HBM on rank %d, over the budget of %s "
       .. "(%.0f bytes); its caches' scratch %s"):format(fmt_bytes(R.hbm), R.hbm, R.rank, fmt_bytes(plan.data.budget),
@@ -849,6 +931,10 @@ function M.plan(tables, profiles, budget, opts)
   stats.seconds = round(clock() - t0, 6)
   plan.data.search = stats
   return plan
+end
+
+function M.plan(tables, profiles, budget, opts)
+  return plan_at(tables, profiles, budget, opts)
 end
 
 -- ---- the plan object ----
@@ -1169,15 +1255,23 @@ local function no_room(S, choice, err)
   end
   local r = err.rank - 1
   local beside = #held > 0 and (" beside " .. table.concat(held, ", ")) or ""
+  -- (search.partition's need: the shard's bytes and the share it makes the rank hold, each named)
+  local share = (err.share or 0) > 0 and (" and %s share of rank %d's cache scratch (held once the rank caches), %s")
+    or ""
   if not err.item then
-    return ("the row_wise and data_parallel tables take %s more on every rank than rank %d has (%s)"):format(
-      fmt_bytes(err.need), r, fmt_bytes(err.left))
+    return ("the row_wise and data_parallel tables take %s more on every rank than rank %d has (%s): their shards "
+      .. "%s%s"):format(fmt_bytes(err.need - err.left), r, fmt_bytes(err.left), fmt_bytes(err.need - (err.share or 0)),
+      share:format("their row-wise collection's", r, fmt_bytes(err.share or 0)))
   end
   local it = S.items[err.item]
   local o = it.options[choice[err.item]]
   local sh = o.shards[1].hbm
-  local what = ("%s's %s %s shard of %s"):format(it.name, o.sharding, o.placement, fmt_bytes(sh))
-  local left = ("has %s left%s, %s short of %s"):format(fmt_bytes(err.left), beside, fmt_bytes(sh - err.left), what)
+  -- (a cached shard on a rank not yet caching has it hold the other shards' shares)
+  local what = ("%s's %s %s shard of %s%s"):format(it.name, o.sharding, o.placement, fmt_bytes(sh),
+    o.placement == "cached" and (err.share or 0) > 0 and (" and the shares of rank %d's cache scratch it has the "
+      .. "rank hold, %s"):format(r, fmt_bytes(err.share)) or share:format("its", r, fmt_bytes(err.share or 0)))
+  local left = ("has %s left%s, %s short of %s"):format(fmt_bytes(err.left), beside, fmt_bytes(err.need - err.left),
+    what)
   if it.rank then return ("rank %d (table %s's rank) %s"):format(r, it.name, left) end
   if o.sharding == "column_wise" then
     return ("rank %d (where a run puts table %s's column shard: shard s of the plan's table t on rank "
@@ -1209,15 +1303,15 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
   local env = { world = S.world, avail = S.avail, host = S.host_limit }
   local choice = {}
   for i = 1, #S.items do choice[i] = #S.items[i].options end
-  -- no share of a rank's cache scratch held first, then held where that passes the budget (M.plan)
-  local part, perr = search.best_partition(S.world > 1 and relaxed(S) or S.items, choice, env)
-  local host = 0
-  for i, it in ipairs(S.items) do host = host + it.options[choice[i]].host end
-  if part and S.host_limit and host > S.host_limit then
-    return nil, ("plan: these choices need %s of host memory; %s are given"):format(fmt_bytes(host),
-      fmt_bytes(S.host_limit))
-  end
-  if not part and perr.width then
+  -- a partition's failure, the relaxed one's or the held one's: the held one fails on a cache's
+  -- width too (a shard placed elsewhere once the shares count), and its error has no `left`
+  -- (no_room crashed on it: planner_fuzz's seed 144).  held: the second's (the first's
+  -- arrangement passes the budget once the shares count)
+  local function refused(perr, held)
+    if not perr.width then
+      return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),
+        no_room(S, choice, perr))
+    end
     -- the choices put a table there themselves: pinned to the rank, its column shards' ranks, the
     -- row-wise shards' cache, or one rank in all (setup's fixed_widths refuses most of these
     -- first); else the partitioner did, and pinning by hand may find what it missed (seed 20521:
@@ -1248,26 +1342,30 @@ function M.evaluate(tables, profiles, budget, opts, choices, edited)
     local ws = {}
     for k, w in ipairs(order) do ws[k] = ("%s (%s)"):format(w, listed(by[w])) end
     return nil, ("plan: the partitioner found no arrangement of these choices' cached tables on the %s that keeps one "
-      .. "row width a rank's cache (the engine's cache refuses two): %s; %s (%s) found rank %d's cache holding %s's "
+      .. "row width a rank's cache (the engine's cache refuses two)%s: %s; %s (%s) found rank %d's cache holding %s's "
       .. "rows (%s); pin tables to ranks by hand (rank in the choice, or a table's fixed rank)"):format(
-      things(S.world, "rank"), listed(ws), S.items[perr.item].name, S.items[perr.item].options[choice[perr.item]].width,
+      things(S.world, "rank"), held and (" and fits %s per rank once a rank that caches holds its shards' shares of "
+        .. "its cache's scratch (the one found without them does not)"):format(fmt_bytes(S.budget)) or "",
+      listed(ws), S.items[perr.item].name, S.items[perr.item].options[choice[perr.item]].width,
       perr.rank - 1, S.items[perr.other].name, S.items[perr.other].options[choice[perr.other]].width)
   end
-  if not part then
-    return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),
-      no_room(S, choice, perr))
+  -- no share of a rank's cache scratch held first, then held where that passes the budget (M.plan)
+  local part, perr = search.best_partition(S.world > 1 and relaxed(S) or S.items, choice, env)
+  local host = 0
+  for i, it in ipairs(S.items) do host = host + it.options[choice[i]].host end
+  if part and S.host_limit and host > S.host_limit then
+    return nil, ("plan: these choices need %s of host memory; %s are given"):format(fmt_bytes(host),
+      fmt_bytes(S.host_limit))
   end
+  if not part then return refused(perr) end
   local best = { choice = choice, part = part, cost = search.max_load(part) }
   local p = M.build(S, best, { method = "evaluated", edited = edited, seconds = 0 })
   if over_budget(p) then
     part, perr = search.best_partition(S.items, choice, env)
-    if not part then
-      return nil, ("plan: these choices do not fit %s per rank: %s"):format(fmt_bytes(S.budget),
-        no_room(S, choice, perr))
-    end
+    if not part then return refused(perr, true) end
     best = { choice = choice, part = part, cost = search.max_load(part) }
     p = M.build(S, best, { method = "evaluated", edited = edited, seconds = 0 })
-    local R = over_budget(p)
+    local R = over_budget(p, SUMS)
     if R then
       error(("planner: internal: the plan evaluated needs %s of HBM on rank %d, over the budget of %s"):format(
         fmt_bytes(R.hbm), R.rank, fmt_bytes(S.budget)), 2)
@@ -1512,7 +1610,7 @@ end
 -- ---- a plan applied to a training config (uvmrec train --plan) ----
 
 -- Whether the plan fits its own budget on every rank: nil, or why not (an edited plan, or one
--- written by hand, may not).
+-- written by hand, may not).  Within SUMS, as M.plan checks the plans it hands on.
 function Plan:over_budget()
   local p = self.data
   -- a file cut to fewer ranks' figures passed: only the ranks it had were checked
@@ -1521,7 +1619,7 @@ function Plan:over_budget()
       things(#p.ranks, "rank"), type(p.world) == "number" and things(p.world, "rank") or tostring(p.world) .. " ranks")
   end
   for _, R in ipairs(p.ranks) do
-    if type(R.hbm) ~= "number" or R.hbm > p.budget then
+    if type(R.hbm) ~= "number" or R.hbm > p.budget * (1 + SUMS) then
       return ("rank %d needs %s of HBM (%s), over the plan's budget of %s per rank"):format(R.rank or 0,
         fmt_bytes(R.hbm or 0), type(R.hbm) == "number" and ("%d bytes"):format(R.hbm) or "no figure",
         fmt_bytes(p.budget))

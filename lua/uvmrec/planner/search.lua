@@ -316,10 +316,14 @@ end
 M.column_ranks = column_ranks
 
 -- Ranks for every table's shards under `choice` (frontier index per item).  Returns
--- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need, at, rank, left, ranks} when a
+-- {load, hbm, ranks = {[i] = {r, ...}}} or nil, {item, need, share, at, rank, left, ranks} when a
 -- shard finds no room (at: its place in the order walked, 0 for the spread and pinned shards
 -- placed before it; rank: the rank it was to go on, or the roomiest, with `left` bytes there;
--- ranks: the shards placed so far, for a message naming what the rank holds).  A table_wise
+-- need: the bytes it takes there, its own and the shares of the rank's cache scratch it makes
+-- the rank hold (share, held; need - left is the shortfall: the pinned shards' need was the
+-- shortfall, the others' the whole, and the refusal printed `shard - left`, negative where a
+-- share was held); with item nil, the spread shards' on every rank and their collection's
+-- share; ranks: the shards placed so far, for a message naming what the rank holds).  A table_wise
 -- shard's list is ONE[r], shared by every partition: read it, never write to it.  A rank's hbm
 -- counts the shares it holds (held: cc, sn, kept in the partition).
 function M.partition(items, choice, env, by_hbm)
@@ -361,7 +365,8 @@ function M.partition(items, choice, env, by_hbm)
   for r = 1, W do
     load[r], hbm[r] = spread_t, spread_h
     if spread_h > avail[r] then
-      return nil, { item = nil, need = spread_h - avail[r], at = 0, rank = r, left = avail[r], ranks = ranks }
+      return nil, { item = nil, need = spread_h, share = cc[0] > 0 and sn[0] or 0, at = 0, rank = r, left = avail[r],
+                    ranks = ranks }
     end
   end
   -- pinned tables: on their ranks, before the others take the room
@@ -369,9 +374,10 @@ function M.partition(items, choice, env, by_hbm)
     local it, c = items[i], choice[i]
     local r = it.rank
     if r > W then return nil, { item = i, need = it.SH[c], at = 0 } end
-    local sh = it.SH[c] + held(cc, sn, r, it.CA[c], it.SC[c])
+    local share = held(cc, sn, r, it.CA[c], it.SC[c])
+    local sh = it.SH[c] + share
     if hbm[r] + sh > avail[r] then
-      return nil, { item = i, need = hbm[r] + sh - avail[r], at = 0, rank = r, left = avail[r] - hbm[r],
+      return nil, { item = i, need = sh, share = share, at = 0, rank = r, left = avail[r] - hbm[r],
                     ranks = ranks }
     end
     if widths and it.CW[c] ~= 0 then
@@ -453,9 +459,9 @@ function M.partition(items, choice, env, by_hbm)
               end
             end
             if room > 0 then
-              return nil, { item = i, need = sh + held(cc, sn, room, a, s), at = o, rank = room,
-                            left = avail[room] - hbm[room], ranks = ranks,
-                            takes = true }
+              local e = held(cc, sn, room, a, s)
+              return nil, { item = i, need = sh + e, share = e, at = o, rank = room,
+                            left = avail[room] - hbm[room], ranks = ranks, takes = true }
             end
             -- the ranks with room cache other widths: the least loaded of them, and what it caches
             for r = 1, W do
@@ -471,7 +477,8 @@ function M.partition(items, choice, env, by_hbm)
         if best == 0 then
           local room = 1
           for r = 2, W do if avail[r] - hbm[r] > avail[room] - hbm[room] then room = r end end
-          return nil, { item = i, need = sh + held(cc, sn, room, a, s), at = o, rank = room,
+          local e = held(cc, sn, room, a, s)
+          return nil, { item = i, need = sh + e, share = e, at = o, rank = room,
                         left = avail[room] - hbm[room], ranks = ranks }
         end
         load[best], hbm[best] = load[best] + st, hbm[best] + sh + held(cc, sn, best, a, s)
@@ -482,7 +489,8 @@ function M.partition(items, choice, env, by_hbm)
         for _, r in ipairs(rs) do
           local e = held(cc, sn, r, a, s)
           if hbm[r] + sh + e > avail[r] then
-            return nil, { item = i, need = sh + e, at = o, rank = r, left = avail[r] - hbm[r], ranks = ranks }
+            return nil, { item = i, need = sh + e, share = e, at = o, rank = r,
+                          left = avail[r] - hbm[r], ranks = ranks }
           end
         end
         -- (its caches took its width before the walk)
