@@ -814,6 +814,19 @@ describe("planner plans", function()
                      .. "prefix_fraction, rank")
   end)
 
+  -- dlrm_kaggle with C3 and C21 cached (load factor 0.1) at 65536 a rank on 2 ranks: the problem,
+  -- and a fresh copy of its plan options each call.
+  local function kaggle_cached()
+    local train = require "uvmrec.train"
+    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=131072",
+      "embeddings.tables.C3.placement=cached", "embeddings.tables.C3.cache.load_factor=0.1",
+      "embeddings.tables.C21.placement=cached", "embeddings.tables.C21.cache.load_factor=0.1" }))
+    local prob = assert(planner.from_config(cfg, { world = 2 }))
+    return prob, function()
+      return { world = 2, batch = prob.batch, calibration = cal, dense = prob.dense, loader = prob.loader }
+    end
+  end
+
   -- Over ranks a rank's cache scratches over every value its collection gets, its shards' of every
   -- placement (uvmrec.dist.sharded), which the plan counts (bd4f512); the search holds a shard's
   -- share of it on a rank once the rank caches.  f1a702f counted each cached shard's own values:
@@ -821,13 +834,8 @@ describe("planner plans", function()
   -- scratch counted over every value, in 2 GiB.
   it("holds a rank's cache scratch over its collection's every value within the budget (dlrm_kaggle, 2 ranks)",
      function()
-    local train = require "uvmrec.train"
-    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=131072",
-      "embeddings.tables.C3.placement=cached", "embeddings.tables.C3.cache.load_factor=0.1",
-      "embeddings.tables.C21.placement=cached", "embeddings.tables.C21.cache.load_factor=0.1" }))
-    local prob = assert(planner.from_config(cfg, { world = 2 }))
-    local p = assert(planner.plan(prob.tables, prob.profiles, "2GiB", { world = 2, batch = prob.batch,
-      calibration = cal, dense = prob.dense, loader = prob.loader })).data
+    local prob, opts = kaggle_cached()
+    local p = assert(planner.plan(prob.tables, prob.profiles, "2GiB", opts())).data
     assert.equal(65536, p.batch)
     -- per rank, its two collections (table- and column-wise shards; row-wise ones): their values,
     -- and whether they cache
@@ -859,8 +867,7 @@ describe("planner plans", function()
     end
     -- in 1.9 GiB the plan searched without the shares (5.982 ms) needs 1.99 GiB on rank 0, and
     -- the search holding them finds none: refused, naming the rank
-    local none, err = planner.plan(prob.tables, prob.profiles, "1.9GiB", { world = 2, batch = prob.batch,
-      calibration = cal, dense = prob.dense, loader = prob.loader })
+    local none, err = planner.plan(prob.tables, prob.profiles, "1.9GiB", opts())
     assert.is_nil(none)
     assert.matches("^planner: no plan fits 1%.90 GiB of HBM per rank once a rank's cache scratch is counted over "
       .. "every value its collection gets .* needs [%d.]+ GiB on rank %d, its caches' scratch [%d.]+ MiB; the plan "
@@ -871,13 +878,7 @@ describe("planner plans", function()
   -- cache scratch, and it named 1.86 GiB as fitting where 1.86 to 1.92 GiB were refused.
   it("names a least budget that plans, or says it is a bound, where a rank holds shares of its cache's scratch",
      function()
-    local train = require "uvmrec.train"
-    local cfg = assert(train.config.load(assert(train.find_config("dlrm_kaggle")), { "train.batch_size=131072",
-      "embeddings.tables.C3.placement=cached", "embeddings.tables.C3.cache.load_factor=0.1",
-      "embeddings.tables.C21.placement=cached", "embeddings.tables.C21.cache.load_factor=0.1" }))
-    local prob = assert(planner.from_config(cfg, { world = 2 }))
-    local function opts() return { world = 2, batch = prob.batch, calibration = cal, dense = prob.dense,
-                                   loader = prob.loader } end
+    local prob, opts = kaggle_cached()
     local none, err, info = planner.plan(prob.tables, prob.profiles, "1GiB", opts())
     assert.is_nil(none)
     assert.matches("alone take", err, 1, true)
